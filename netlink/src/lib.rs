@@ -1,0 +1,5 @@
+//! kube-nlproxy-netlink: the only code in kube-nlproxy that opens netlink sockets.
+#![deny(missing_docs)]
+
+pub mod addr;
+pub mod nft;

@@ -1,0 +1,429 @@
+//! Command line, with kube-proxy's flag names and defaults.
+//!
+//! Flags take `--name value` or `--name=value`; booleans take `--name` or
+//! `--name=true|false`.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use ipnet::IpNet;
+
+/// What to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Command {
+    /// The daemon (default).
+    #[default]
+    Run,
+    /// Print the operations a sync would send; apply nothing.
+    Plan,
+    /// Delete everything we own.
+    Cleanup,
+}
+
+/// `--proxy-mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ProxyMode {
+    /// nftables (default)
+    #[default]
+    Nftables,
+    /// ipvs
+    Ipvs,
+}
+
+/// `--source`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// Watch the API server.
+    Kube,
+    /// YAML manifests at a path.
+    File(PathBuf),
+}
+
+/// `--detect-local-mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DetectLocalMode {
+    /// `ClusterCIDR`
+    ClusterCidr,
+    /// `NodeCIDR`
+    NodeCidr,
+    /// `BridgeInterface`
+    BridgeInterface,
+    /// `InterfaceNamePrefix`
+    InterfaceNamePrefix,
+}
+
+/// `--nodeport-addresses`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum NodePortAddressesFlag {
+    /// `primary`: the node's primary IPs (default).
+    #[default]
+    Primary,
+    /// A list of CIDRs: local addresses inside them.
+    Cidrs(Vec<IpNet>),
+}
+
+/// Parsed command line.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// Sub-command.
+    pub command: Command,
+    /// `--proxy-mode`
+    pub mode: ProxyMode,
+    /// `--source`
+    pub source: Source,
+    /// `--hostname-override` (else the kernel host name)
+    pub hostname_override: Option<String>,
+    /// `--node-ip`
+    pub node_ips: Vec<IpAddr>,
+    /// `--cluster-cidr`
+    pub cluster_cidrs: Vec<IpNet>,
+    /// `--detect-local-mode` (default ClusterCIDR when `--cluster-cidr` is set)
+    pub detect_local_mode: Option<DetectLocalMode>,
+    /// `--pod-bridge-interface`
+    pub pod_bridge_interface: Option<String>,
+    /// `--pod-interface-name-prefix`
+    pub pod_interface_name_prefix: Option<String>,
+    /// `--nodeport-addresses`
+    pub nodeport_addresses: NodePortAddressesFlag,
+    /// `--masquerade-all`
+    pub masquerade_all: bool,
+    /// `--sync-period` (30s)
+    pub sync_period: Duration,
+    /// `--min-sync-period` (1s)
+    pub min_sync_period: Duration,
+    /// `--once`
+    pub once: bool,
+    /// `--kubeconfig`
+    pub kubeconfig: Option<PathBuf>,
+    /// `--master`
+    pub master: Option<String>,
+    /// `--healthz-bind-address`
+    pub healthz_bind_address: String,
+    /// `--metrics-bind-address`
+    pub metrics_bind_address: String,
+    /// `-v` / `--v` log verbosity (0..)
+    pub verbosity: u8,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            command: Command::Run,
+            mode: ProxyMode::Nftables,
+            source: Source::Kube,
+            hostname_override: None,
+            node_ips: Vec::new(),
+            cluster_cidrs: Vec::new(),
+            detect_local_mode: None,
+            pod_bridge_interface: None,
+            pod_interface_name_prefix: None,
+            nodeport_addresses: NodePortAddressesFlag::Primary,
+            masquerade_all: false,
+            sync_period: Duration::from_secs(30),
+            min_sync_period: Duration::from_secs(1),
+            once: false,
+            kubeconfig: None,
+            master: None,
+            healthz_bind_address: "0.0.0.0:10256".into(),
+            metrics_bind_address: "127.0.0.1:10249".into(),
+            verbosity: 0,
+        }
+    }
+}
+
+/// A command-line error, naming the flag.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ConfigError {
+    /// Unknown flag.
+    #[error("unknown flag {0} (see --help)")]
+    UnknownFlag(String),
+    /// A flag without its value.
+    #[error("flag {0} needs a value")]
+    MissingValue(String),
+    /// A value that does not parse.
+    #[error("invalid value {value:?} for {flag}: {reason}")]
+    InvalidValue {
+        /// flag
+        flag: String,
+        /// value
+        value: String,
+        /// why
+        reason: String,
+    },
+    /// `--help`
+    #[error("help requested")]
+    Help,
+}
+
+/// Usage text.
+pub const USAGE: &str = "\
+kube-nlproxy — a Kubernetes service proxy that programs the dataplane over netlink
+
+USAGE:
+  kube-nlproxy [run] [FLAGS]      the proxy (default)
+  kube-nlproxy plan [FLAGS]       print the netlink operations a sync would send
+  kube-nlproxy cleanup            delete everything kube-nlproxy created (also --cleanup)
+
+FLAGS (kube-proxy names):
+  --source kube|file:PATH         where objects come from (default kube)
+  --proxy-mode nftables|ipvs      (default nftables)
+  --hostname-override NAME        node name (default: host name)
+  --node-ip IP[,IP]               node IPs (default: from the Node object)
+  --cluster-cidr CIDR[,CIDR]      pod network, for --detect-local-mode ClusterCIDR
+  --detect-local-mode MODE        ClusterCIDR|NodeCIDR|BridgeInterface|InterfaceNamePrefix
+  --pod-bridge-interface NAME     for BridgeInterface
+  --pod-interface-name-prefix P   for InterfaceNamePrefix
+  --nodeport-addresses primary|CIDR[,CIDR]   (default primary)
+  --masquerade-all                SNAT all traffic sent via service IPs
+  --sync-period DURATION          periodic full resync (default 30s)
+  --min-sync-period DURATION      minimum time between syncs (default 1s)
+  --once                          sync once; exit 0 only if the kernel then matches
+  --kubeconfig FILE, --master URL API server access (kube source)
+  --healthz-bind-address, --metrics-bind-address   (accepted; servers come with the kube source)
+  -v, --v N                       log verbosity
+";
+
+fn invalid(flag: &str, value: &str, reason: impl ToString) -> ConfigError {
+    ConfigError::InvalidValue {
+        flag: flag.to_string(),
+        value: value.to_string(),
+        reason: reason.to_string(),
+    }
+}
+
+/// Parses a Go-style duration: `30s`, `1m`, `500ms`, `1h30m`, `0`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    if s == "0" {
+        return Ok(Duration::ZERO);
+    }
+    let mut total = 0f64;
+    let mut rest = s;
+    if rest.is_empty() {
+        return Err("empty duration".into());
+    }
+    while !rest.is_empty() {
+        let num_end = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or_else(|| format!("missing unit in {s:?}"))?;
+        let value: f64 = rest[..num_end]
+            .parse()
+            .map_err(|_| format!("bad number in {s:?}"))?;
+        rest = &rest[num_end..];
+        let unit_end = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let factor = match &rest[..unit_end] {
+            "ns" => 1e-9,
+            "us" | "µs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            u => return Err(format!("unknown unit {u:?} in {s:?}")),
+        };
+        total += value * factor;
+        rest = &rest[unit_end..];
+    }
+    Ok(Duration::from_secs_f64(total))
+}
+
+fn parse_list<T: std::str::FromStr>(flag: &str, value: &str) -> Result<Vec<T>, ConfigError>
+where
+    T::Err: std::fmt::Display,
+{
+    value
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| s.parse::<T>().map_err(|e| invalid(flag, s, e)))
+        .collect()
+}
+
+fn parse_bool(flag: &str, value: &str) -> Result<bool, ConfigError> {
+    match value {
+        "true" | "1" => Ok(true),
+        "false" | "0" => Ok(false),
+        _ => Err(invalid(flag, value, "expected true or false")),
+    }
+}
+
+/// Parses `args` (without the program name).
+pub fn parse_args<I, S>(args: I) -> Result<Config, ConfigError>
+where
+    I: IntoIterator<Item = S>,
+    S: Into<String>,
+{
+    let mut cfg = Config::default();
+    let mut args = args.into_iter().map(Into::into).peekable();
+    let mut first = true;
+    while let Some(arg) = args.next() {
+        if first && !arg.starts_with('-') {
+            first = false;
+            cfg.command = match arg.as_str() {
+                "run" => Command::Run,
+                "plan" => Command::Plan,
+                "cleanup" => Command::Cleanup,
+                other => return Err(ConfigError::UnknownFlag(other.to_string())),
+            };
+            continue;
+        }
+        first = false;
+        let (flag, inline) = match arg.split_once('=') {
+            Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
+            _ => (arg.clone(), None),
+        };
+        const BOOLS: &[&str] = &["--masquerade-all", "--once", "--cleanup", "--help", "-h"];
+        if BOOLS.contains(&flag.as_str()) {
+            let on = match &inline {
+                Some(v) => parse_bool(&flag, v)?,
+                None => true,
+            };
+            match flag.as_str() {
+                "--masquerade-all" => cfg.masquerade_all = on,
+                "--once" => cfg.once = on,
+                "--cleanup" => {
+                    if on {
+                        cfg.command = Command::Cleanup
+                    }
+                }
+                _ => return Err(ConfigError::Help),
+            }
+            continue;
+        }
+        let value = match inline {
+            Some(v) => v,
+            None => args
+                .next()
+                .ok_or_else(|| ConfigError::MissingValue(flag.clone()))?,
+        };
+        let f = flag.as_str();
+        match f {
+            "--source" => {
+                cfg.source = if value == "kube" {
+                    Source::Kube
+                } else if let Some(path) = value.strip_prefix("file:") {
+                    Source::File(PathBuf::from(path))
+                } else {
+                    return Err(invalid(f, &value, "expected kube or file:PATH"));
+                }
+            }
+            "--proxy-mode" => {
+                cfg.mode = match value.as_str() {
+                    "nftables" | "" => ProxyMode::Nftables,
+                    "ipvs" => ProxyMode::Ipvs,
+                    _ => return Err(invalid(f, &value, "expected nftables or ipvs")),
+                }
+            }
+            "--hostname-override" => cfg.hostname_override = Some(value.trim().to_lowercase()),
+            "--node-ip" | "--node-ips" => cfg.node_ips = parse_list(f, &value)?,
+            "--cluster-cidr" => cfg.cluster_cidrs = parse_list(f, &value)?,
+            "--detect-local-mode" => {
+                cfg.detect_local_mode = Some(match value.as_str() {
+                    "ClusterCIDR" => DetectLocalMode::ClusterCidr,
+                    "NodeCIDR" => DetectLocalMode::NodeCidr,
+                    "BridgeInterface" => DetectLocalMode::BridgeInterface,
+                    "InterfaceNamePrefix" => DetectLocalMode::InterfaceNamePrefix,
+                    _ => {
+                        return Err(invalid(
+                            f,
+                            &value,
+                            "expected ClusterCIDR, NodeCIDR, BridgeInterface or InterfaceNamePrefix",
+                        ));
+                    }
+                })
+            }
+            "--pod-bridge-interface" => cfg.pod_bridge_interface = Some(value),
+            "--pod-interface-name-prefix" => cfg.pod_interface_name_prefix = Some(value),
+            "--nodeport-addresses" => {
+                cfg.nodeport_addresses = if value == "primary" || value.is_empty() {
+                    NodePortAddressesFlag::Primary
+                } else {
+                    NodePortAddressesFlag::Cidrs(parse_list(f, &value)?)
+                }
+            }
+            "--sync-period" => {
+                cfg.sync_period = parse_duration(&value).map_err(|e| invalid(f, &value, e))?
+            }
+            "--min-sync-period" => {
+                cfg.min_sync_period = parse_duration(&value).map_err(|e| invalid(f, &value, e))?
+            }
+            "--kubeconfig" => cfg.kubeconfig = Some(PathBuf::from(value)),
+            "--master" => cfg.master = Some(value),
+            "--healthz-bind-address" => cfg.healthz_bind_address = value,
+            "--metrics-bind-address" => cfg.metrics_bind_address = value,
+            "-v" | "--v" => {
+                cfg.verbosity = value.parse().map_err(|e| invalid(f, &value, e))?;
+            }
+            _ => return Err(ConfigError::UnknownFlag(flag)),
+        }
+    }
+    if cfg.detect_local_mode.is_none() && !cfg.cluster_cidrs.is_empty() {
+        cfg.detect_local_mode = Some(DetectLocalMode::ClusterCidr);
+    }
+    Ok(cfg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_kube_proxys() {
+        let c = parse_args(Vec::<String>::new()).unwrap();
+        assert_eq!(c.command, Command::Run);
+        assert_eq!(c.mode, ProxyMode::Nftables);
+        assert_eq!(c.source, Source::Kube);
+        assert_eq!(c.sync_period, Duration::from_secs(30));
+        assert_eq!(c.min_sync_period, Duration::from_secs(1));
+        assert_eq!(c.nodeport_addresses, NodePortAddressesFlag::Primary);
+        assert_eq!(c.healthz_bind_address, "0.0.0.0:10256");
+        assert_eq!(c.metrics_bind_address, "127.0.0.1:10249");
+    }
+
+    #[test]
+    fn parses_both_flag_styles() {
+        let c = parse_args([
+            "plan",
+            "--source=file:/tmp/x",
+            "--cluster-cidr",
+            "10.244.0.0/16,fd44::/48",
+            "--masquerade-all",
+            "--min-sync-period=250ms",
+            "--nodeport-addresses",
+            "10.0.0.0/8",
+        ])
+        .unwrap();
+        assert_eq!(c.command, Command::Plan);
+        assert_eq!(c.source, Source::File("/tmp/x".into()));
+        assert_eq!(c.cluster_cidrs.len(), 2);
+        assert_eq!(c.detect_local_mode, Some(DetectLocalMode::ClusterCidr));
+        assert!(c.masquerade_all);
+        assert_eq!(c.min_sync_period, Duration::from_millis(250));
+        assert!(
+            matches!(c.nodeport_addresses, NodePortAddressesFlag::Cidrs(ref v) if v.len() == 1)
+        );
+    }
+
+    #[test]
+    fn errors_name_the_flag() {
+        let e = parse_args(["--cluster-cidr", "10.0.0.300/8"]).unwrap_err();
+        assert!(e.to_string().contains("--cluster-cidr"), "{e}");
+        assert_eq!(
+            parse_args(["--bogus"]).unwrap_err(),
+            ConfigError::UnknownFlag("--bogus".into())
+        );
+        assert_eq!(
+            parse_args(["--source"]).unwrap_err(),
+            ConfigError::MissingValue("--source".into())
+        );
+        assert_eq!(parse_args(["--cleanup"]).unwrap().command, Command::Cleanup);
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("1h30m").unwrap(), Duration::from_secs(5400));
+        assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
+        assert!(parse_duration("5").is_err());
+    }
+}

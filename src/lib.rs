@@ -1,0 +1,9 @@
+//! kube-nlproxy: a Kubernetes service proxy that programs the Linux dataplane over
+//! netlink only. Data flows one way: `source -> model -> mode -> sync -> netlink`.
+
+pub mod config;
+pub mod mode;
+pub mod model;
+pub mod proxier;
+pub mod source;
+pub mod sync;

@@ -1,0 +1,4 @@
+//! PURE: the desired dataplane per proxy mode.
+
+pub mod nftables;
+pub mod rules;

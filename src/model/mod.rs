@@ -1,0 +1,11 @@
+//! PURE: API objects -> service ports + categorized endpoints. No I/O, no clock.
+
+mod build;
+mod categorize;
+mod parse;
+mod types;
+
+pub use build::{BuildOptions, Warning, build};
+pub use categorize::{Categorized, categorize_endpoints};
+pub use parse::{parse_cidr_sloppy, parse_ip_sloppy};
+pub use types::*;

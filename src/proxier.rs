@@ -1,0 +1,263 @@
+//! The commands: `run` (sync loop), `plan`, `cleanup`. Wires
+//! `source -> model -> mode -> sync` together; the only place with a clock.
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use ipnet::IpNet;
+
+use crate::config::{Config, DetectLocalMode, NodePortAddressesFlag, ProxyMode, Source};
+use crate::mode::nftables::{
+    LocalDetector, NftablesOptions, NodePortAddresses, TableSpec, desired_tables, table_summary,
+};
+use crate::model::{BuildOptions, ClusterState, build};
+use crate::source::file;
+use crate::sync::{NetlinkDataplane, SyncError, Syncer};
+
+/// Errors that end a command.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxierError {
+    /// A mode or source this build does not provide yet.
+    #[error("{0} is not available in this version")]
+    Unsupported(&'static str),
+    /// The file source failed as a whole (a single bad object only warns).
+    #[error("reading manifests failed: {0}")]
+    Source(#[from] file::FileSourceError),
+    /// Syncing failed.
+    #[error(transparent)]
+    Sync(#[from] SyncError),
+    /// `--once`: the kernel does not match after the sync.
+    #[error("the kernel does not match the desired state after the sync: {0}")]
+    Mismatch(String),
+    /// Listing local addresses for `--nodeport-addresses` failed.
+    #[error("listing local addresses for --nodeport-addresses failed: {0}")]
+    Addresses(String),
+}
+
+/// The node name: `--hostname-override`, else the kernel's host name.
+fn node_name(cfg: &Config) -> String {
+    cfg.hostname_override.clone().unwrap_or_else(|| {
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|s| s.trim().to_lowercase())
+            .unwrap_or_default()
+    })
+}
+
+fn file_path(cfg: &Config) -> Result<PathBuf, ProxierError> {
+    if cfg.mode == ProxyMode::Ipvs {
+        return Err(ProxierError::Unsupported("--proxy-mode ipvs"));
+    }
+    match &cfg.source {
+        Source::File(path) => Ok(path.clone()),
+        Source::Kube => Err(ProxierError::Unsupported(
+            "--source kube (use --source file:PATH)",
+        )),
+    }
+}
+
+/// Reads the manifests and builds the cluster state, logging every warning.
+fn load_state(cfg: &Config, path: &Path) -> Result<ClusterState, ProxierError> {
+    let (objects, source_warnings) = file::load_path(path)?;
+    for w in &source_warnings {
+        tracing::warn!("{w}");
+    }
+    let (state, warnings) = build(
+        &objects,
+        &BuildOptions {
+            node_name: node_name(cfg),
+            node_ips_override: cfg.node_ips.clone(),
+        },
+    );
+    for w in &warnings {
+        tracing::warn!("skipped: {w}");
+    }
+    Ok(state)
+}
+
+/// Resolves the flags that depend on the node into the mode's options.
+fn nftables_options(cfg: &Config, state: &ClusterState) -> Result<NftablesOptions, ProxierError> {
+    let local_detector = match cfg.detect_local_mode {
+        None => LocalDetector::None,
+        Some(DetectLocalMode::ClusterCidr) => {
+            if cfg.cluster_cidrs.is_empty() {
+                tracing::warn!(
+                    "--detect-local-mode ClusterCIDR without --cluster-cidr: no local traffic detection"
+                );
+                LocalDetector::None
+            } else {
+                LocalDetector::Cidrs(cfg.cluster_cidrs.clone())
+            }
+        }
+        Some(DetectLocalMode::NodeCidr) => LocalDetector::Cidrs(state.node.pod_cidrs.clone()),
+        Some(DetectLocalMode::BridgeInterface) => match &cfg.pod_bridge_interface {
+            Some(name) => LocalDetector::BridgeInterface(name.clone()),
+            None => {
+                tracing::warn!(
+                    "--detect-local-mode BridgeInterface without --pod-bridge-interface"
+                );
+                LocalDetector::None
+            }
+        },
+        Some(DetectLocalMode::InterfaceNamePrefix) => match &cfg.pod_interface_name_prefix {
+            Some(p) => LocalDetector::InterfaceNamePrefix(p.clone()),
+            None => {
+                tracing::warn!(
+                    "--detect-local-mode InterfaceNamePrefix without --pod-interface-name-prefix"
+                );
+                LocalDetector::None
+            }
+        },
+    };
+    let nodeport_addresses = match &cfg.nodeport_addresses {
+        NodePortAddressesFlag::Primary if state.node.ips.is_empty() => {
+            tracing::warn!(
+                "node {:?} has no primary IP (no Node object and no --node-ip): NodePorts listen on all local addresses",
+                state.node.name
+            );
+            NodePortAddresses::All
+        }
+        NodePortAddressesFlag::Primary => NodePortAddresses::Ips(state.node.ips.clone()),
+        NodePortAddressesFlag::Cidrs(cidrs) => nodeport_ips_in(cidrs)?,
+    };
+    Ok(NftablesOptions {
+        masquerade_all: cfg.masquerade_all,
+        local_detector,
+        nodeport_addresses,
+    })
+}
+
+/// Local addresses inside `cidrs` (an all-zeros CIDR means every local address).
+fn nodeport_ips_in(cidrs: &[IpNet]) -> Result<NodePortAddresses, ProxierError> {
+    if cidrs.iter().any(|c| c.prefix_len() == 0) {
+        return Ok(NodePortAddresses::All);
+    }
+    let addrs = kube_nlproxy_netlink::addr::list_addresses()
+        .map_err(|e| ProxierError::Addresses(e.to_string()))?;
+    let ips: Vec<IpAddr> = addrs
+        .iter()
+        .map(|a| a.addr)
+        .filter(|ip| cidrs.iter().any(|c| c.contains(ip)))
+        .collect();
+    Ok(NodePortAddresses::Ips(ips))
+}
+
+fn desired(cfg: &Config, path: &Path) -> Result<Vec<TableSpec>, ProxierError> {
+    let state = load_state(cfg, path)?;
+    let opts = nftables_options(cfg, &state)?;
+    Ok(desired_tables(&state, &opts))
+}
+
+/// `kube-nlproxy plan`: print what a sync would send.
+pub fn plan(cfg: &Config) -> Result<(), ProxierError> {
+    let path = file_path(cfg)?;
+    let tables = desired(cfg, &path)?;
+    let mut syncer = Syncer::new(NetlinkDataplane::new()?);
+    let ops = syncer.plan(&tables)?;
+    for op in &ops {
+        println!("{op}");
+    }
+    for t in &tables {
+        eprintln!("desired {}", table_summary(t));
+    }
+    eprintln!("{} operations", ops.len());
+    Ok(())
+}
+
+/// `kube-nlproxy cleanup`: delete our tables.
+pub fn cleanup() -> Result<(), ProxierError> {
+    let mut syncer = Syncer::new(NetlinkDataplane::new()?);
+    let n = syncer.cleanup()?;
+    tracing::info!("cleanup: deleted {n} table(s)");
+    Ok(())
+}
+
+/// One sync: build, diff, apply; logs what was sent.
+fn sync_once(
+    cfg: &Config,
+    path: &Path,
+    syncer: &mut Syncer<NetlinkDataplane>,
+) -> Result<Vec<TableSpec>, ProxierError> {
+    let started = Instant::now();
+    let tables = desired(cfg, path)?;
+    let outcome = syncer.sync(&tables)?;
+    let elapsed = started.elapsed();
+    if outcome.ops.is_empty() {
+        tracing::debug!(
+            full = outcome.full,
+            ?elapsed,
+            "sync: kernel already up to date"
+        );
+    } else {
+        tracing::info!(full = outcome.full, ?elapsed, ops = ?outcome.ops, "sync: committed");
+    }
+    Ok(tables)
+}
+
+/// `kube-nlproxy [run]`: sync, then follow changes (or exit with `--once`).
+pub async fn run(cfg: &Config) -> Result<(), ProxierError> {
+    let path = file_path(cfg)?;
+    let mut syncer = Syncer::new(NetlinkDataplane::new()?);
+    if cfg.once {
+        let started = Instant::now();
+        let tables = sync_once(cfg, &path, &mut syncer)?;
+        let differing = syncer.verify(&tables)?;
+        if !differing.is_empty() {
+            return Err(ProxierError::Mismatch(differing.join(" | ")));
+        }
+        tracing::info!(elapsed = ?started.elapsed(), "sync complete; the kernel matches");
+        for t in &tables {
+            tracing::info!("{}", table_summary(t));
+        }
+        return Ok(());
+    }
+
+    let poll = Duration::from_millis(200).min(cfg.min_sync_period.max(Duration::from_millis(50)));
+    let mut last_seen = None;
+    let mut pending = true;
+    let mut last_sync: Option<Instant> = None;
+    let mut last_full = Instant::now();
+    let mut terminate = std::pin::pin!(shutdown_signal());
+    loop {
+        let seen = file::fingerprint(&path).ok();
+        if seen != last_seen {
+            last_seen = seen;
+            pending = true;
+        }
+        if last_full.elapsed() >= cfg.sync_period {
+            syncer.request_full_sync();
+            last_full = Instant::now();
+            pending = true;
+        }
+        let rate_ok = last_sync.is_none_or(|t| t.elapsed() >= cfg.min_sync_period);
+        if pending && rate_ok {
+            last_sync = Some(Instant::now());
+            match sync_once(cfg, &path, &mut syncer) {
+                Ok(_) => pending = false,
+                Err(e) => tracing::error!("sync failed, retrying with a full sync: {e}"),
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(poll) => {}
+            _ = &mut terminate => {
+                tracing::info!("terminating; the dataplane stays as it is");
+                return Ok(());
+            }
+        }
+    }
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}

@@ -1,0 +1,281 @@
+//! A kernel stand-in for unit tests: applies nf_tables operations all-or-nothing and
+//! rejects what the kernel rejects (missing table/chain/set, jumps to missing chains,
+//! deleting a chain or set still in use, a map element re-added with other data).
+//! `tests/` checks that the real kernel ends in the same state.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use kube_nlproxy_netlink::nft::{
+    Element, Expr, Family, ImmediateData, Op, Rule, Set, rule_fingerprint,
+};
+
+use super::diff::{ChainSnapshot, SetSnapshot, TableSnapshot};
+use super::{Dataplane, SyncError};
+
+#[derive(Debug, Clone, Default)]
+struct FakeChain {
+    snapshot: Option<ChainSnapshot>,
+    /// Chains and sets each rule refers to.
+    refs: Vec<(Vec<String>, Vec<String>)>,
+}
+
+#[derive(Debug, Clone, Default)]
+struct FakeTable {
+    chains: BTreeMap<String, FakeChain>,
+    sets: BTreeMap<String, (Set, BTreeMap<Vec<u8>, Element>)>,
+}
+
+/// The fake kernel.
+#[derive(Debug, Clone, Default)]
+pub struct FakeKernel {
+    tables: BTreeMap<(Family, String), FakeTable>,
+    /// Number of successful transactions.
+    pub commits: usize,
+}
+
+fn err(op: &Op, errno: i32) -> SyncError {
+    SyncError::Apply(format!(
+        "{op}: {}",
+        std::io::Error::from_raw_os_error(errno)
+    ))
+}
+
+fn rule_refs(rule: &Rule) -> (Vec<String>, Vec<String>) {
+    let mut chains = Vec::new();
+    let mut sets = Vec::new();
+    for e in &rule.exprs {
+        match e {
+            Expr::Immediate {
+                data: ImmediateData::Verdict(v),
+                ..
+            } => chains.extend(v.chain().map(str::to_string)),
+            Expr::Lookup { set, .. } | Expr::Dynset { set, .. } => sets.push(set.clone()),
+            _ => {}
+        }
+    }
+    (chains, sets)
+}
+
+impl FakeTable {
+    fn chain_in_use(&self, name: &str) -> bool {
+        self.chains
+            .values()
+            .flat_map(|c| &c.refs)
+            .any(|(chains, _)| chains.iter().any(|c| c == name))
+            || self
+                .sets
+                .values()
+                .flat_map(|(_, els)| els.values())
+                .any(|e| e.verdict.as_ref().and_then(|v| v.chain()) == Some(name))
+    }
+
+    fn set_in_use(&self, name: &str) -> bool {
+        self.chains
+            .values()
+            .flat_map(|c| &c.refs)
+            .any(|(_, sets)| sets.iter().any(|s| s == name))
+    }
+}
+
+impl FakeKernel {
+    fn apply_one(&mut self, op: &Op) -> Result<(), SyncError> {
+        use libc_errno::*;
+        fn table_of<'a>(
+            k: &'a mut FakeKernel,
+            family: Family,
+            table: &str,
+        ) -> Result<&'a mut FakeTable, i32> {
+            k.tables.get_mut(&(family, table.to_string())).ok_or(ENOENT)
+        }
+        let r: Result<(), i32> = (|| match op {
+            Op::AddTable { family, name } => {
+                self.tables.entry((*family, name.clone())).or_default();
+                Ok(())
+            }
+            Op::DeleteTable { family, name } => self
+                .tables
+                .remove(&(*family, name.clone()))
+                .map(|_| ())
+                .ok_or(ENOENT),
+            Op::AddChain {
+                family,
+                table,
+                chain,
+            } => {
+                let t = table_of(self, *family, table)?;
+                let c = t.chains.entry(chain.name.clone()).or_default();
+                match &c.snapshot {
+                    Some(s) if s.chain != *chain => Err(EEXIST),
+                    Some(_) => Ok(()),
+                    None => {
+                        c.snapshot = Some(ChainSnapshot {
+                            chain: chain.clone(),
+                            rules: Vec::new(),
+                        });
+                        Ok(())
+                    }
+                }
+            }
+            Op::DeleteChain {
+                family,
+                table,
+                name,
+            } => {
+                let t = table_of(self, *family, table)?;
+                let c = t.chains.get(name).ok_or(ENOENT)?;
+                if !c.refs.is_empty() || t.chain_in_use(name) {
+                    return Err(EBUSY);
+                }
+                t.chains.remove(name);
+                Ok(())
+            }
+            Op::FlushChain {
+                family,
+                table,
+                name,
+            } => {
+                let t = table_of(self, *family, table)?;
+                let c = t.chains.get_mut(name).ok_or(ENOENT)?;
+                c.refs.clear();
+                if let Some(s) = c.snapshot.as_mut() {
+                    s.rules.clear();
+                }
+                Ok(())
+            }
+            Op::AddRule {
+                family,
+                table,
+                rule,
+            } => {
+                let t = table_of(self, *family, table)?;
+                let (chains, sets) = rule_refs(rule);
+                if chains.iter().any(|c| !t.chains.contains_key(c))
+                    || sets.iter().any(|s| !t.sets.contains_key(s))
+                {
+                    return Err(ENOENT);
+                }
+                let c = t.chains.get_mut(&rule.chain).ok_or(ENOENT)?;
+                c.snapshot
+                    .as_mut()
+                    .expect("created chain")
+                    .rules
+                    .push(rule_fingerprint(rule));
+                c.refs.push((chains, sets));
+                Ok(())
+            }
+            Op::AddSet { family, table, set } => {
+                let t = table_of(self, *family, table)?;
+                match t.sets.get(&set.name) {
+                    Some((s, _)) if s != set => Err(EEXIST),
+                    Some(_) => Ok(()),
+                    None => {
+                        t.sets
+                            .insert(set.name.clone(), (set.clone(), BTreeMap::new()));
+                        Ok(())
+                    }
+                }
+            }
+            Op::DeleteSet {
+                family,
+                table,
+                name,
+            } => {
+                let t = table_of(self, *family, table)?;
+                if !t.sets.contains_key(name) {
+                    return Err(ENOENT);
+                }
+                if t.set_in_use(name) {
+                    return Err(EBUSY);
+                }
+                t.sets.remove(name);
+                Ok(())
+            }
+            Op::AddElements {
+                family,
+                table,
+                set,
+                elements,
+            } => {
+                let t = table_of(self, *family, table)?;
+                for e in elements {
+                    if let Some(c) = e.verdict.as_ref().and_then(|v| v.chain())
+                        && !t.chains.contains_key(c)
+                    {
+                        return Err(ENOENT);
+                    }
+                }
+                let (_, els) = t.sets.get_mut(set).ok_or(ENOENT)?;
+                for e in elements {
+                    match els.get(&e.key_bytes()) {
+                        Some(old) if old.verdict != e.verdict => return Err(EBUSY),
+                        _ => {
+                            els.insert(e.key_bytes(), e.clone());
+                        }
+                    }
+                }
+                Ok(())
+            }
+            Op::DeleteElements {
+                family,
+                table,
+                set,
+                elements,
+            } => {
+                let t = table_of(self, *family, table)?;
+                let (_, els) = t.sets.get_mut(set).ok_or(ENOENT)?;
+                for e in elements {
+                    els.remove(&e.key_bytes()).ok_or(ENOENT)?;
+                }
+                Ok(())
+            }
+        })();
+        r.map_err(|errno| err(op, errno))
+    }
+}
+
+/// errno values (Linux).
+mod libc_errno {
+    pub const ENOENT: i32 = 2;
+    pub const EBUSY: i32 = 16;
+    pub const EEXIST: i32 = 17;
+}
+
+impl Dataplane for FakeKernel {
+    fn dump(&mut self, family: Family, table: &str) -> Result<Option<TableSnapshot>, SyncError> {
+        Ok(self
+            .tables
+            .get(&(family, table.to_string()))
+            .map(|t| TableSnapshot {
+                chains: t
+                    .chains
+                    .iter()
+                    .filter_map(|(n, c)| Some((n.clone(), c.snapshot.clone()?)))
+                    .collect(),
+                sets: t
+                    .sets
+                    .iter()
+                    .map(|(n, (s, els))| {
+                        (
+                            n.clone(),
+                            SetSnapshot {
+                                set: s.clone(),
+                                elements: els.values().cloned().collect::<BTreeSet<_>>(),
+                            },
+                        )
+                    })
+                    .collect(),
+            }))
+    }
+
+    fn apply(&mut self, ops: &[Op]) -> Result<(), SyncError> {
+        let saved = self.tables.clone();
+        for op in ops {
+            if let Err(e) = self.apply_one(op) {
+                self.tables = saved;
+                return Err(e);
+            }
+        }
+        self.commits += 1;
+        Ok(())
+    }
+}

@@ -1,0 +1,196 @@
+//! Run mode: incremental updates, restart under a live connection, cleanup.
+mod common;
+use common::*;
+use std::time::Duration;
+
+const BIN: &str = env!("CARGO_BIN_EXE_kube-nlproxy");
+const WAIT: Duration = Duration::from_secs(10);
+const SHORT: Duration = Duration::from_millis(700);
+
+fn svc(name: &str, cip: &str, t: &Topo, eps: &[&str]) -> Vec<String> {
+    vec![
+        Svc::new(
+            name,
+            "ClusterIP",
+            &[cip],
+            vec![
+                port("http", "TCP", 80, 8080),
+                port("echo", "TCP", 90, ECHO_PORT),
+            ],
+        )
+        .yaml(),
+        slice(
+            name,
+            "v4",
+            false,
+            &[("http", "TCP", 8080), ("echo", "TCP", ECHO_PORT)],
+            &t.eps(eps, false),
+        ),
+    ]
+}
+
+#[test]
+fn run_mode_incremental_updates() {
+    let mut t = Topo::new();
+    t.add_pod("a", Where::Local);
+    t.add_pod("b", Where::Local);
+    t.add_pod("r", Where::Remote);
+    let a = t.pod("a").ns.clone();
+    let s1 = sa(ip("10.96.0.40"), 80);
+    let s2 = sa(ip("10.96.0.41"), 80);
+    let s3 = sa(ip("10.96.0.42"), 80);
+    let mut p = Proxy::new(&t, BIN);
+    p.write(&cluster(&svc("s1", "10.96.0.40", &t, &["b"])));
+    p.start();
+    let mut c = Checks::default();
+    c.run("run mode: initial sync serves s1", || {
+        assert!(
+            eventually(WAIT, || tcp(&a, s1, SHORT).is_ok()),
+            "s1 never worked; log:\n{}",
+            p.log()
+        );
+    });
+    let running = p.running();
+    c.run("run mode: process stays up", || {
+        assert!(running, "kube-nlproxy run exited; log:\n{}", p.log())
+    });
+
+    let mut objs = svc("s1", "10.96.0.40", &t, &["b"]);
+    objs.extend(svc("s2", "10.96.0.41", &t, &["b"]));
+    objs.extend(svc("s3", "10.96.0.42", &t, &[]));
+    p.write(&cluster(&objs));
+    c.run("run mode: add a service -> traffic starts", || {
+        assert!(
+            eventually(WAIT, || tcp(&a, s2, SHORT).is_ok()),
+            "s2 never worked"
+        );
+        expect_err("s3 empty", tcp(&a, s3, OK_TIMEOUT), ConnErr::Refused);
+    });
+
+    let mut objs = svc("s1", "10.96.0.40", &t, &["r"]);
+    objs.extend(svc("s2", "10.96.0.41", &t, &["b"]));
+    objs.extend(svc("s3", "10.96.0.42", &t, &[]));
+    p.write(&cluster(&objs));
+    c.run("run mode: change endpoints -> traffic follows", || {
+        assert!(
+            eventually(WAIT, || (0..5)
+                .all(|_| tcp(&a, s1, SHORT).is_ok_and(|r| r.pod == "r"))),
+            "s1 never moved to r"
+        );
+    });
+
+    let mut objs = svc("s1", "10.96.0.40", &t, &["r"]);
+    objs.extend(svc("s3", "10.96.0.42", &t, &["b"]));
+    p.write(&cluster(&objs));
+    c.run("run mode: remove a service -> not served after", || {
+        assert!(
+            eventually(WAIT, || tcp(&a, s2, SHORT).is_err()),
+            "s2 still served after removal"
+        );
+        // 10.96.0.41 is now an unallocated IP in the ServiceCIDR -> drop.
+        let r = tcp(&a, s2, SHORT);
+        assert!(
+            matches!(r, Err(ConnErr::Timeout) | Err(ConnErr::Refused)),
+            "{r:?}"
+        );
+    });
+    c.run("run mode: 0 -> 1 endpoints (refused -> works)", || {
+        assert!(
+            eventually(WAIT, || tcp(&a, s3, SHORT).is_ok_and(|r| r.pod == "b")),
+            "s3 never worked"
+        );
+    });
+    c.run("run mode: still running at the end", || {
+        assert!(p.running(), "exited; log:\n{}", p.log())
+    });
+    c.finish();
+}
+
+#[test]
+fn restart_keeps_live_connection_and_cleanup() {
+    let mut t = Topo::new();
+    t.add_pod("a", Where::Local);
+    t.add_pod("r", Where::Remote);
+    let a = t.pod("a").clone();
+    let mut p = Proxy::new(&t, BIN);
+    let mut objs = svc("echo", "10.96.0.50", &t, &["r"]);
+    objs.push(
+        Svc::new(
+            "v6",
+            "ClusterIP",
+            &["fd96::50"],
+            vec![port("http", "TCP", 80, 8080)],
+        )
+        .yaml(),
+    );
+    objs.push(slice(
+        "v6",
+        "v6",
+        true,
+        &[("http", "TCP", 8080)],
+        &t.eps(&["r"], true),
+    ));
+    p.write(&cluster(&objs));
+    let mut c = Checks::default();
+    p.start();
+    c.run("restart: live TCP connection survives a restart", || {
+        let dst = sa(ip("10.96.0.50"), 90);
+        assert!(
+            eventually(WAIT, || tcp(&a.ns, sa(ip("10.96.0.50"), 80), SHORT).is_ok()),
+            "never served; log:\n{}",
+            p.log()
+        );
+        let mut s = tcp_stream(&a.ns, dst, OK_TIMEOUT).expect("connect echo");
+        let greet = read_line(&mut s).unwrap();
+        assert!(greet.starts_with("r "), "{greet}");
+        assert_eq!(echo_roundtrip(&mut s, "one").unwrap(), "one");
+        p.stop();
+        assert_eq!(echo_roundtrip(&mut s, "two").expect("after stop"), "two");
+        p.start();
+        // Let it sync (table present and services served), then talk again.
+        assert!(
+            eventually(WAIT, || tcp(&a.ns, sa(ip("10.96.0.50"), 80), SHORT).is_ok()),
+            "not served after restart"
+        );
+        std::thread::sleep(Duration::from_millis(1000));
+        assert_eq!(
+            echo_roundtrip(&mut s, "three").expect("after restart"),
+            "three"
+        );
+        p.stop();
+        p.sync();
+        assert_eq!(
+            echo_roundtrip(&mut s, "four").expect("after --once"),
+            "four"
+        );
+    });
+    p.stop();
+    c.run("cleanup removes both tables and nothing else", || {
+        p.sync();
+        sh(&[
+            "ip", "netns", "exec", &t.node, "nft", "add", "table", "ip", "other",
+        ]);
+        sh(&[
+            "ip", "netns", "exec", &t.node, "nft", "add", "chain", "ip", "other", "c",
+        ]);
+        assert!(
+            p.table().is_some() && p.table6().is_some(),
+            "tables missing before cleanup: {}",
+            nft_tables(&t.node)
+        );
+        let out = p.cleanup();
+        assert!(
+            out.status.success(),
+            "cleanup failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(p.table().is_none(), "ip kube-nlproxy still present");
+        assert!(p.table6().is_none(), "ip6 kube-nlproxy still present");
+        let other = nft_table(&t.node, "ip", "other").expect("foreign table ip other was removed");
+        assert!(other.contains("chain c"), "foreign chain gone: {other}");
+        // And the service no longer works (no DNAT): the VIP is not answered.
+        let r = tcp(&a.ns, sa(ip("10.96.0.50"), 80), SHORT);
+        assert!(r.is_err(), "service still answered after cleanup: {r:?}");
+    });
+    c.finish();
+}

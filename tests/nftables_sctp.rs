@@ -1,0 +1,65 @@
+//! SCTP through a ClusterIP and a NodePort (skipped without kernel SCTP).
+mod common;
+use common::*;
+use std::net::IpAddr;
+
+const BIN: &str = env!("CARGO_BIN_EXE_kube-nlproxy");
+
+#[test]
+fn sctp_scenarios() {
+    let mut t = Topo::new();
+    t.add_pod("a", Where::Local);
+    t.add_pod("b", Where::Local);
+    let a = t.pod("a").clone();
+    let ports = [("s", "SCTP", 8080)];
+    let objs = vec![
+        Svc::new(
+            "sctp",
+            "NodePort",
+            &["10.96.0.60", "fd96::60"],
+            vec![nport("s", "SCTP", 80, 8080, 30060)],
+        )
+        .yaml(),
+        slice("sctp", "v4", false, &ports, &t.eps(&["b"], false)),
+        slice("sctp", "v6", true, &ports, &t.eps(&["b"], true)),
+        Svc::new(
+            "sctpempty",
+            "ClusterIP",
+            &["10.96.0.61"],
+            vec![port("s", "SCTP", 80, 8080)],
+        )
+        .yaml(),
+    ];
+    let p = Proxy::new(&t, BIN);
+    p.write(&cluster(&objs));
+    p.sync();
+    if !t.sctp {
+        eprintln!(
+            "SKIP: kernel has no SCTP sockets (EPROTONOSUPPORT); rules were synced, traffic part skipped"
+        );
+        return;
+    }
+    let mut c = Checks::default();
+    for v6 in [false, true] {
+        let cip: IpAddr = if v6 { ip("fd96::60") } else { ip("10.96.0.60") };
+        c.run(&format!("sctp clusterip v6={v6}"), || {
+            let r = expect_ok("sctp", sctp(&a.ns, sa(cip, 80), OK_TIMEOUT), &["b"]);
+            assert_eq!(r.src, a.ip(v6));
+        });
+    }
+    c.run("sctp nodeport from EXT", || {
+        expect_ok(
+            "sctp np",
+            sctp(&t.ext, sa(NODE_V4, 30060), OK_TIMEOUT),
+            &["b"],
+        );
+    });
+    c.run("sctp no endpoints -> refused", || {
+        expect_err(
+            "sctp empty",
+            sctp(&a.ns, sa(ip("10.96.0.61"), 80), OK_TIMEOUT),
+            ConnErr::Refused,
+        );
+    });
+    c.finish();
+}
