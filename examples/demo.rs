@@ -71,10 +71,10 @@ fn run() -> Result<(), String> {
     let mut ok = true;
     let mut backends = std::collections::BTreeSet::new();
     println!(
-        "  {:<32} {:>3}  {:<8} {:<15} {}",
+        "  {:<44} {:>3}  {:<8} {:<15} {}",
         "path", "#", "backend", "source seen", "result"
     );
-    println!("  {}", "-".repeat(75));
+    println!("  {}", "-".repeat(87));
     let paths = [
         (
             "pod client -> ClusterIP 10.96.0.10:80",
@@ -92,14 +92,14 @@ fn run() -> Result<(), String> {
             match tcp(ns, *dst, OK_TIMEOUT) {
                 Ok(r) => {
                     println!(
-                        "  {label:<32} {i:>3}  {:<8} {:<15} ok",
+                        "  {label:<44} {i:>3}  {:<8} {:<15} ok",
                         r.pod,
                         r.src.to_string()
                     );
                     backends.insert(r.pod);
                 }
                 Err(e) => {
-                    println!("  {label:<32} {i:>3}  {:<8} {:<15} FAILED: {e}", "-", "-");
+                    println!("  {label:<44} {i:>3}  {:<8} {:<15} FAILED: {e}", "-", "-");
                     ok = false;
                 }
             }

@@ -145,7 +145,11 @@ fn nodeport_ips_in(cidrs: &[IpNet]) -> Result<NodePortAddresses, ProxierError> {
 fn desired(cfg: &Config, path: &Path) -> Result<Vec<TableSpec>, ProxierError> {
     let state = load_state(cfg, path)?;
     let opts = nftables_options(cfg, &state)?;
-    Ok(desired_tables(&state, &opts))
+    let tables = desired_tables(&state, &opts);
+    for conflict in tables.iter().flat_map(|t| &t.conflicts) {
+        tracing::warn!("conflicting services: {conflict}");
+    }
+    Ok(tables)
 }
 
 /// `kube-nlproxy plan`: print what a sync would send.

@@ -34,7 +34,7 @@ fn args(extra: &[&str]) -> Vec<String> {
         "--node-ip",
         "10.77.0.1,fd77::1",
         "--cluster-cidr",
-        "10.244.0.0/16,fd44::/32",
+        "10.244.0.0/16,fd44::/16",
     ]
     .iter()
     .map(|s| s.to_string())

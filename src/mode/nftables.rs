@@ -111,6 +111,11 @@ pub struct TableSpec {
     pub chains: BTreeMap<String, ChainSpec>,
     /// Sets and maps by name.
     pub sets: BTreeMap<String, SetSpec>,
+    /// Map keys claimed by two services (the first one in name order keeps it), as
+    /// messages for the log.
+    pub conflicts: Vec<String>,
+    /// Verdict per (map, key), to find conflicts without scanning.
+    claimed: BTreeMap<(String, Vec<KeyValue>), Option<Verdict>>,
 }
 
 impl TableSpec {
@@ -119,6 +124,8 @@ impl TableSpec {
             family,
             chains: BTreeMap::new(),
             sets: BTreeMap::new(),
+            conflicts: Vec::new(),
+            claimed: BTreeMap::new(),
         }
     }
 
@@ -170,11 +177,22 @@ impl TableSpec {
     }
 
     fn element(&mut self, set: &str, key: Vec<KeyValue>, verdict: Option<Verdict>) {
-        self.sets
-            .get_mut(set)
-            .expect("set declared in skeleton")
-            .elements
-            .insert(Element { key, verdict });
+        let spec = self.sets.get_mut(set).expect("set declared in skeleton");
+        // A map holds one verdict per key: two services claiming the same
+        // address/port keep the first (kube-proxy's behaviour is undefined here).
+        if spec.set.verdict_map {
+            let claim = (set.to_string(), key.clone());
+            if let Some(existing) = self.claimed.get(&claim) {
+                if *existing != verdict {
+                    self.conflicts.push(format!(
+                        "{set}: {key:?} is claimed by {existing:?} and {verdict:?}; keeping the first"
+                    ));
+                }
+                return;
+            }
+            self.claimed.insert(claim, verdict.clone());
+        }
+        spec.elements.insert(Element { key, verdict });
     }
 
     fn rule(&mut self, chain: &str, builder: RuleBuilder, comment: Option<&str>) {

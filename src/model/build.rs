@@ -169,10 +169,11 @@ fn service_ports(svc: &Service, warnings: &mut Vec<Warning>) -> Vec<ServicePort>
         .unwrap_or_else(|| "default".to_owned());
     let name = svc.metadata.name.clone().unwrap_or_default();
     let object = format!("Service {namespace}/{name}");
-    if let Some(labels) = &svc.metadata.labels {
-        if labels.contains_key(LABEL_SERVICE_PROXY_NAME) || labels.contains_key(LABEL_HEADLESS) {
-            return Vec::new();
-        }
+    let ignored_by_label = svc.metadata.labels.as_ref().is_some_and(|labels| {
+        labels.contains_key(LABEL_SERVICE_PROXY_NAME) || labels.contains_key(LABEL_HEADLESS)
+    });
+    if ignored_by_label {
+        return Vec::new();
     }
     let Some(spec) = svc.spec.as_ref() else {
         return Vec::new();

@@ -40,7 +40,7 @@ fn topology_mode(endpoints: &[&Endpoint], node: &NodeInfo) -> Topology {
         has_ready = true;
         if ep.node_hints.is_empty() {
             all_node_hints = false;
-        } else if ep.node_hints.iter().any(|h| *h == node.name) {
+        } else if ep.node_hints.contains(&node.name) {
             for_node = true;
         }
         if ep.zone_hints.is_empty() {
@@ -63,7 +63,7 @@ fn topology_mode(endpoints: &[&Endpoint], node: &NodeInfo) -> Topology {
 fn available_for_topology(ep: &Endpoint, mode: Topology, node: &NodeInfo) -> bool {
     match mode {
         Topology::None => true,
-        Topology::SameNode => ep.node_hints.iter().any(|h| *h == node.name),
+        Topology::SameNode => ep.node_hints.contains(&node.name),
         Topology::SameZone => node
             .zone
             .as_deref()

@@ -128,13 +128,11 @@ pub fn parse_manifests(text: &str, origin: &str) -> (Objects, Vec<String>) {
             continue;
         }
         let kind = value.get("kind").and_then(Value::as_str).unwrap_or("");
-        let api_version = value
-            .get("apiVersion")
-            .and_then(Value::as_str)
-            .unwrap_or("");
         if kind.ends_with("List") {
-            let items = match value.get("items") {
-                Some(Value::Sequence(items)) => items.clone(),
+            let kind = kind.to_owned();
+            let mut value = value;
+            let items = match value.get_mut("items").map(std::mem::take) {
+                Some(Value::Sequence(items)) => items,
                 None | Some(Value::Null) => Vec::new(),
                 Some(_) => {
                     warnings.push(format!("{at}: {kind}: items is not a list"));

@@ -207,7 +207,7 @@ impl FakeKernel {
                 let (_, els) = t.sets.get_mut(set).ok_or(ENOENT)?;
                 for e in elements {
                     match els.get(&e.key_bytes()) {
-                        Some(old) if old.verdict != e.verdict => return Err(EBUSY),
+                        Some(old) if old.verdict != e.verdict => return Err(EEXIST),
                         _ => {
                             els.insert(e.key_bytes(), e.clone());
                         }

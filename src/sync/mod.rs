@@ -229,3 +229,13 @@ fn describe_difference(cur: &TableSnapshot, want: &TableSnapshot) -> String {
 
 #[cfg(test)]
 mod tests;
+
+impl<D: Dataplane + ?Sized> Dataplane for &mut D {
+    fn dump(&mut self, family: Family, table: &str) -> Result<Option<TableSnapshot>, SyncError> {
+        (**self).dump(family, table)
+    }
+
+    fn apply(&mut self, ops: &[Op]) -> Result<(), SyncError> {
+        (**self).apply(ops)
+    }
+}

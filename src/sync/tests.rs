@@ -1,1 +1,245 @@
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use proptest::prelude::*;
+
 use super::*;
+use crate::mode::nftables::{LocalDetector, NftablesOptions, NodePortAddresses, desired_tables};
+use crate::model::{
+    ClusterState, Endpoint, IpFamily, NodeInfo, Protocol, ServicePort, ServicePortName,
+    TrafficDistribution, TrafficPolicy,
+};
+
+/// A compact random description of one service port.
+#[derive(Debug, Clone)]
+struct SvcSeed {
+    id: u8,
+    v6: bool,
+    protocol: u8,
+    node_port: bool,
+    external_ip: bool,
+    lb: bool,
+    source_range: bool,
+    etp_local: bool,
+    itp_local: bool,
+    affinity: bool,
+    /// (host byte, local, ready, serving, terminating)
+    endpoints: Vec<(u8, bool, bool, bool, bool)>,
+}
+
+fn svc_seed() -> impl Strategy<Value = SvcSeed> {
+    (
+        0u8..12,
+        any::<bool>(),
+        0u8..3,
+        any::<[bool; 7]>(),
+        prop::collection::vec(
+            (1u8..6, any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>()),
+            0..4,
+        ),
+    )
+        .prop_map(|(id, v6, protocol, f, endpoints)| SvcSeed {
+            id,
+            v6,
+            protocol,
+            node_port: f[0],
+            external_ip: f[1],
+            lb: f[2],
+            source_range: f[3],
+            etp_local: f[4],
+            itp_local: f[5],
+            affinity: f[6],
+            endpoints,
+        })
+}
+
+fn addr(v6: bool, net: u8, host: u8) -> IpAddr {
+    if v6 {
+        IpAddr::V6(Ipv6Addr::new(0xfd00, u16::from(net), 0, 0, 0, 0, 0, u16::from(host)))
+    } else {
+        IpAddr::V4(Ipv4Addr::new(10, net, 0, host))
+    }
+}
+
+fn state_of(seeds: &[SvcSeed]) -> ClusterState {
+    let mut state = ClusterState {
+        node: NodeInfo {
+            name: "node-a".into(),
+            zone: None,
+            ips: vec![addr(false, 77, 1), addr(true, 77, 1)],
+            pod_cidrs: Vec::new(),
+        },
+        ..Default::default()
+    };
+    for s in seeds {
+        let protocol = [Protocol::Tcp, Protocol::Udp, Protocol::Sctp][s.protocol as usize];
+        let name = ServicePortName {
+            namespace: "ns".into(),
+            name: format!("svc{}", s.id),
+            port_name: "p".into(),
+            protocol,
+        };
+        let family = if s.v6 { IpFamily::V6 } else { IpFamily::V4 };
+        let port = ServicePort {
+            name: name.clone(),
+            family,
+            cluster_ip: Some(addr(s.v6, 96, s.id + 1)),
+            port: 80,
+            node_port: s.node_port.then_some(30000 + u16::from(s.id)),
+            external_ips: if s.external_ip { vec![addr(s.v6, 78, s.id + 1)] } else { vec![] },
+            load_balancer_ips: if s.lb { vec![addr(s.v6, 79, s.id + 1)] } else { vec![] },
+            load_balancer_source_ranges: if s.source_range {
+                vec![if s.v6 { "fd00:77::/32".parse().unwrap() } else { "10.77.0.0/16".parse().unwrap() }]
+            } else {
+                vec![]
+            },
+            external_policy: if s.etp_local { TrafficPolicy::Local } else { TrafficPolicy::Cluster },
+            internal_policy: if s.itp_local { TrafficPolicy::Local } else { TrafficPolicy::Cluster },
+            affinity_timeout_seconds: s.affinity.then_some(60),
+            health_check_node_port: None,
+            traffic_distribution: TrafficDistribution::Unset,
+        };
+        state.services.insert((name.clone(), family), port);
+        let eps = state.endpoints.entry(name).or_default();
+        for (host, local, ready, serving, terminating) in &s.endpoints {
+            eps.push(Endpoint {
+                ip: addr(s.v6, 244, *host),
+                port: 8080,
+                ready: *ready,
+                serving: *serving,
+                terminating: *terminating,
+                is_local: *local,
+                zone: None,
+                zone_hints: vec![],
+                node_hints: vec![],
+            });
+        }
+        eps.sort();
+        eps.dedup_by(|a, b| a.ip == b.ip);
+    }
+    state
+}
+
+fn opts() -> NftablesOptions {
+    NftablesOptions {
+        masquerade_all: false,
+        local_detector: LocalDetector::Cidrs(vec![
+            "10.244.0.0/16".parse().unwrap(),
+            "fd00:f4::/32".parse().unwrap(),
+        ]),
+        nodeport_addresses: NodePortAddresses::Ips(vec![addr(false, 77, 1), addr(true, 77, 1)]),
+    }
+}
+
+fn kernel_tables(kernel: &mut FakeKernel) -> Vec<Option<TableSnapshot>> {
+    [Family::Ipv4, Family::Ipv6]
+        .iter()
+        .map(|f| kernel.dump(*f, TABLE).unwrap())
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Any sequence of cluster states: every sync is accepted by the (fake) kernel,
+    /// leaves it holding exactly the desired tables, and repeating it sends nothing.
+    #[test]
+    fn syncs_converge_and_repeat_as_noops(
+        states in prop::collection::vec(prop::collection::vec(svc_seed(), 0..6), 1..5)
+    ) {
+        let mut syncer = Syncer::new(FakeKernel::default());
+        for seeds in &states {
+            let desired = desired_tables(&state_of(seeds), &opts());
+            syncer.sync(&desired).unwrap();
+            let dumped = kernel_tables(&mut syncer.dataplane);
+            for (t, d) in desired.iter().zip(dumped) {
+                prop_assert_eq!(Some(TableSnapshot::from_spec(t)), d);
+            }
+            prop_assert!(syncer.plan(&desired).unwrap().is_empty());
+            // A restarted proxy (no committed state) reads the kernel and agrees.
+            let mut restarted = Syncer::new(syncer.dataplane.clone());
+            prop_assert!(restarted.plan(&desired).unwrap().is_empty());
+        }
+    }
+}
+
+fn service_of(op: &Op) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut push = |s: &str| {
+        for svc in ["svc1", "svc2", "svc3"] {
+            if s.contains(&format!("/{svc}/")) || s.contains(&format!("ns/{svc}")) {
+                names.push(svc.to_string());
+            }
+        }
+    };
+    match op {
+        Op::AddRule { rule, .. } => push(&rule.chain),
+        Op::FlushChain { name, .. } | Op::DeleteChain { name, .. } | Op::AddChain { chain: kube_nlproxy_netlink::nft::Chain { name, .. }, .. } => push(name),
+        Op::AddElements { elements, .. } | Op::DeleteElements { elements, .. } => {
+            for e in elements {
+                if let Some(c) = e.verdict.as_ref().and_then(|v| v.chain()) {
+                    push(c);
+                }
+            }
+        }
+        _ => {}
+    }
+    names
+}
+
+#[test]
+fn changing_one_endpoint_touches_only_that_service() {
+    let seed = |id, hosts: &[u8]| SvcSeed {
+        id,
+        v6: false,
+        protocol: 0,
+        node_port: true,
+        external_ip: false,
+        lb: false,
+        source_range: false,
+        etp_local: false,
+        itp_local: false,
+        affinity: false,
+        endpoints: hosts.iter().map(|h| (*h, true, true, true, false)).collect(),
+    };
+    let before = vec![seed(1, &[1, 2]), seed(2, &[3, 4]), seed(3, &[5])];
+    let after = vec![seed(1, &[1, 2]), seed(2, &[3, 6]), seed(3, &[5])];
+    let mut syncer = Syncer::new(FakeKernel::default());
+    syncer.sync(&desired_tables(&state_of(&before), &opts())).unwrap();
+    let ops = syncer.plan(&desired_tables(&state_of(&after), &opts())).unwrap();
+    assert!(!ops.is_empty());
+    for op in &ops {
+        let touched = service_of(op);
+        assert_eq!(touched, vec!["svc2".to_string()], "op touches more than svc2: {op}");
+    }
+    // Removing svc3 deletes its chains (after flushing) and map elements only.
+    let removed = vec![seed(1, &[1, 2]), seed(2, &[3, 6])];
+    syncer.sync(&desired_tables(&state_of(&after), &opts())).unwrap();
+    let ops = syncer.plan(&desired_tables(&state_of(&removed), &opts())).unwrap();
+    assert!(ops.iter().any(|op| matches!(op, Op::DeleteChain { .. })));
+    for op in &ops {
+        match op {
+            Op::DeleteElements { set, .. } if set == "cluster-ips" => {}
+            _ => assert_eq!(service_of(op), vec!["svc3".to_string()], "{op}"),
+        }
+    }
+    syncer.sync(&desired_tables(&state_of(&removed), &opts())).unwrap();
+}
+
+#[test]
+fn fake_kernel_rejects_like_the_kernel_and_keeps_nothing() {
+    let mut syncer = Syncer::new(FakeKernel::default());
+    let desired = desired_tables(&state_of(&[]), &opts());
+    syncer.sync(&desired).unwrap();
+    let before = kernel_tables(&mut syncer.dataplane);
+    let bad = vec![
+        Op::AddChain {
+            family: Family::Ipv4,
+            table: TABLE.into(),
+            chain: kube_nlproxy_netlink::nft::Chain { name: "x".into(), base: None },
+        },
+        Op::DeleteChain { family: Family::Ipv4, table: TABLE.into(), name: "services".into() },
+    ];
+    let err = syncer.dataplane.apply(&bad).unwrap_err();
+    assert!(err.to_string().contains("busy"), "{err}");
+    assert_eq!(kernel_tables(&mut syncer.dataplane), before);
+}

@@ -163,6 +163,8 @@ impl NsGuard {
              echo 1 > /proc/sys/net/ipv6/conf/default/forwarding; \
              echo 0 > /proc/sys/net/ipv4/conf/all/rp_filter; \
              echo 0 > /proc/sys/net/ipv4/conf/default/rp_filter; \
+             echo 0 > /proc/sys/net/ipv4/icmp_ratelimit; \
+             echo 0 > /proc/sys/net/ipv6/icmp/ratelimit; \
              ip link set lo up";
         let out = nsexec(&g.0, &["sh", "-c", script]);
         assert!(
@@ -392,6 +394,9 @@ impl Topo {
             ],
         );
         ipn(&node_ns, &["link", "set", &host_if, "master", "cbr0", "up"]);
+        // Like the bridge CNI with hairpinMode: a pod reaching itself via a
+        // service VIP is bridged back out of its own port.
+        ipn(&node_ns, &["link", "set", &host_if, "type", "bridge_slave", "hairpin", "on"]);
         ipn(&ns, &["addr", "add", &format!("{v4}/24"), "dev", "eth0"]);
         ipn(
             &ns,
@@ -1194,7 +1199,7 @@ pub fn default_args() -> Vec<String> {
         "--node-ip",
         "10.77.0.1,fd77::1",
         "--cluster-cidr",
-        "10.244.0.0/16,fd44::/32",
+        "10.244.0.0/16,fd44::/16",
         "--detect-local-mode",
         "ClusterCIDR",
     ]

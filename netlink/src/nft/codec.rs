@@ -76,6 +76,9 @@ const NFTA_SET_DATA_LEN: u16 = 7;
 const NFTA_SET_DESC: u16 = 9;
 const NFTA_SET_ID: u16 = 10;
 const NFTA_SET_TIMEOUT: u16 = 11;
+const NFTA_SET_USERDATA: u16 = 13;
+/// `NFTNL_UDATA_SET_KEYBYTEORDER` in nft's set userdata.
+const NFTNL_UDATA_SET_KEYBYTEORDER: u8 = 0;
 const NFTA_SET_DESC_CONCAT: u16 = 2;
 const NFTA_SET_FIELD_LEN: u16 = 1;
 
@@ -120,7 +123,7 @@ pub(crate) struct Writer {
 
 impl Writer {
     fn pad(&mut self) {
-        while self.buf.len() % 4 != 0 {
+        while !self.buf.len().is_multiple_of(4) {
             self.buf.push(0);
         }
     }
@@ -614,6 +617,16 @@ pub(crate) fn encode_set(w: &mut Writer, table: &str, set: &Set, id: u32) {
         w.nest_end(c);
         w.nest_end(d);
     }
+    // nft's key byte order hint (BYTEORDER_HOST_ENDIAN = 1, BIG_ENDIAN = 2, 0 for
+    // concatenations), so `nft list` prints e.g. marks the right way round.
+    let order: u32 = match set.key.as_slice() {
+        [KeyType::Mark] => 1,
+        [_] => 2,
+        _ => 0,
+    };
+    let mut ud = vec![NFTNL_UDATA_SET_KEYBYTEORDER, 4];
+    ud.extend_from_slice(&order.to_ne_bytes());
+    w.put(NFTA_SET_USERDATA, &ud);
 }
 
 pub(crate) fn encode_set_ref(w: &mut Writer, table: &str, name: &str) {

@@ -795,13 +795,13 @@ impl NftSocket {
         let chains = self.request("chains", NFT_MSG_GETCHAIN, NLM_F_DUMP, family, &|w| {
             encode_chain_ref_table(w, table)
         })?;
-        for m in &chains {
-            if let Some((t, c)) = parse_chain(m) {
-                if t == table {
-                    state.chains.push(c);
-                }
-            }
-        }
+        state.chains.extend(
+            chains
+                .iter()
+                .filter_map(|m| parse_chain(m))
+                .filter(|(t, _)| t == table)
+                .map(|(_, c)| c),
+        );
 
         let sets = self.request("sets", NFT_MSG_GETSET, NLM_F_DUMP, family, &|w| {
             encode_set_table(w, table)

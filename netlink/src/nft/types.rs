@@ -159,6 +159,7 @@ impl KeyType {
     }
 
     /// Unpadded length in bytes.
+    #[allow(clippy::len_without_is_empty)]
     pub fn len(self) -> u32 {
         match self {
             KeyType::Ipv4Addr => 4,
