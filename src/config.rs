@@ -291,6 +291,29 @@ where
             }
             continue;
         }
+        const VALUED: &[&str] = &[
+            "--source",
+            "--proxy-mode",
+            "--hostname-override",
+            "--node-ip",
+            "--node-ips",
+            "--cluster-cidr",
+            "--detect-local-mode",
+            "--pod-bridge-interface",
+            "--pod-interface-name-prefix",
+            "--nodeport-addresses",
+            "--sync-period",
+            "--min-sync-period",
+            "--kubeconfig",
+            "--master",
+            "--healthz-bind-address",
+            "--metrics-bind-address",
+            "-v",
+            "--v",
+        ];
+        if !VALUED.contains(&flag.as_str()) {
+            return Err(ConfigError::UnknownFlag(flag));
+        }
         let value = match inline {
             Some(v) => v,
             None => args

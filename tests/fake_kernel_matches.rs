@@ -20,7 +20,12 @@ fn in_private_netns<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -
         // SAFETY: unshare(CLONE_NEWNET) only changes this thread's network namespace;
         // the thread ends with the test, and the namespace with it.
         let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
-        assert_eq!(rc, 0, "unshare(CLONE_NEWNET): {}", std::io::Error::last_os_error());
+        assert_eq!(
+            rc,
+            0,
+            "unshare(CLONE_NEWNET): {}",
+            std::io::Error::last_os_error()
+        );
         f()
     })
     .join()
@@ -39,7 +44,10 @@ fn state(services: &[(u8, u8, u8, bool)]) -> ClusterState {
             ips: vec![ip("10.77.0.1"), ip("fd77::1")],
             ..Default::default()
         },
-        service_cidrs: vec!["10.96.0.0/16".parse().unwrap(), "fd96::/112".parse().unwrap()],
+        service_cidrs: vec![
+            "10.96.0.0/16".parse().unwrap(),
+            "fd96::/112".parse().unwrap(),
+        ],
         ..Default::default()
     };
     for &(id, first, count, v6) in services {
@@ -48,9 +56,17 @@ fn state(services: &[(u8, u8, u8, bool)]) -> ClusterState {
             namespace: "default".into(),
             name: format!("svc-{id}"),
             port_name: "http".into(),
-            protocol: if id % 2 == 0 { Protocol::Tcp } else { Protocol::Udp },
+            protocol: if id % 2 == 0 {
+                Protocol::Tcp
+            } else {
+                Protocol::Udp
+            },
         };
-        let cip = if v6 { ip(&format!("fd96::{id}")) } else { ip(&format!("10.96.0.{id}")) };
+        let cip = if v6 {
+            ip(&format!("fd96::{id}"))
+        } else {
+            ip(&format!("10.96.0.{id}"))
+        };
         st.services.insert(
             (name.clone(), family),
             ServicePort {
@@ -65,10 +81,16 @@ fn state(services: &[(u8, u8, u8, bool)]) -> ClusterState {
                 } else {
                     vec![ip(&format!("10.78.0.{id}"))]
                 },
-                load_balancer_source_ranges: vec![if v6 { "fd77::/64" } else { "10.77.0.0/24" }
-                    .parse()
-                    .unwrap()],
-                external_policy: if id % 3 == 0 { TrafficPolicy::Local } else { TrafficPolicy::Cluster },
+                load_balancer_source_ranges: vec![
+                    if v6 { "fd77::/64" } else { "10.77.0.0/24" }
+                        .parse()
+                        .unwrap(),
+                ],
+                external_policy: if id % 3 == 0 {
+                    TrafficPolicy::Local
+                } else {
+                    TrafficPolicy::Cluster
+                },
                 internal_policy: TrafficPolicy::Cluster,
                 affinity_timeout_seconds: (id % 2 == 1).then_some(30),
                 health_check_node_port: None,
@@ -79,7 +101,11 @@ fn state(services: &[(u8, u8, u8, bool)]) -> ClusterState {
             name,
             (first..first + count)
                 .map(|h| Endpoint {
-                    ip: if v6 { ip(&format!("fd44::{h}")) } else { ip(&format!("10.244.1.{h}")) },
+                    ip: if v6 {
+                        ip(&format!("fd44::{h}"))
+                    } else {
+                        ip(&format!("10.244.1.{h}"))
+                    },
                     port: 8080,
                     ready: true,
                     serving: true,
@@ -105,7 +131,12 @@ fn kernel_and_fake_end_in_the_same_state() {
         };
         let steps = [
             state(&[(1, 1, 2, false), (2, 3, 1, false), (3, 1, 1, true)]),
-            state(&[(1, 1, 3, false), (2, 3, 0, false), (3, 1, 2, true), (4, 5, 2, false)]),
+            state(&[
+                (1, 1, 3, false),
+                (2, 3, 0, false),
+                (3, 1, 2, true),
+                (4, 5, 2, false),
+            ]),
             state(&[(2, 3, 2, false), (4, 5, 2, false), (6, 1, 1, true)]),
             state(&[]),
         ];
@@ -118,7 +149,10 @@ fn kernel_and_fake_end_in_the_same_state() {
             assert_eq!(k_ops, f_ops, "step {i}: both plan the same transaction");
             kernel.sync(&desired).unwrap();
             fake.sync(&desired).unwrap();
-            assert!(kernel.verify(&desired).unwrap().is_empty(), "step {i}: kernel differs");
+            assert!(
+                kernel.verify(&desired).unwrap().is_empty(),
+                "step {i}: kernel differs"
+            );
             let mut kd = NetlinkDataplane::new().unwrap();
             let mut fd = fake_dataplane(&fake);
             for family in [Family::Ipv4, Family::Ipv6] {
@@ -158,9 +192,16 @@ fn both_reject_a_bad_transaction_and_keep_nothing_of_it() {
             Op::AddChain {
                 family: Family::Ipv4,
                 table: TABLE.into(),
-                chain: Chain { name: "new-chain".into(), base: None },
+                chain: Chain {
+                    name: "new-chain".into(),
+                    base: None,
+                },
             },
-            Op::DeleteChain { family: Family::Ipv4, table: TABLE.into(), name: "services".into() },
+            Op::DeleteChain {
+                family: Family::Ipv4,
+                table: TABLE.into(),
+                name: "services".into(),
+            },
         ];
         let k_err = kernel.apply(&bad).unwrap_err();
         let f_err = fake.apply(&bad).unwrap_err();

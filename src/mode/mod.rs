@@ -2,3 +2,6 @@
 
 pub mod nftables;
 pub mod rules;
+
+#[cfg(test)]
+mod tests;

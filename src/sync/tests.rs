@@ -33,7 +33,13 @@ fn svc_seed() -> impl Strategy<Value = SvcSeed> {
         0u8..3,
         any::<[bool; 7]>(),
         prop::collection::vec(
-            (1u8..6, any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>()),
+            (
+                1u8..6,
+                any::<bool>(),
+                any::<bool>(),
+                any::<bool>(),
+                any::<bool>(),
+            ),
             0..4,
         ),
     )
@@ -54,7 +60,16 @@ fn svc_seed() -> impl Strategy<Value = SvcSeed> {
 
 fn addr(v6: bool, net: u8, host: u8) -> IpAddr {
     if v6 {
-        IpAddr::V6(Ipv6Addr::new(0xfd00, u16::from(net), 0, 0, 0, 0, 0, u16::from(host)))
+        IpAddr::V6(Ipv6Addr::new(
+            0xfd00,
+            u16::from(net),
+            0,
+            0,
+            0,
+            0,
+            0,
+            u16::from(host),
+        ))
     } else {
         IpAddr::V4(Ipv4Addr::new(10, net, 0, host))
     }
@@ -85,15 +100,35 @@ fn state_of(seeds: &[SvcSeed]) -> ClusterState {
             cluster_ip: Some(addr(s.v6, 96, s.id + 1)),
             port: 80,
             node_port: s.node_port.then_some(30000 + u16::from(s.id)),
-            external_ips: if s.external_ip { vec![addr(s.v6, 78, s.id + 1)] } else { vec![] },
-            load_balancer_ips: if s.lb { vec![addr(s.v6, 79, s.id + 1)] } else { vec![] },
-            load_balancer_source_ranges: if s.source_range {
-                vec![if s.v6 { "fd00:77::/32".parse().unwrap() } else { "10.77.0.0/16".parse().unwrap() }]
+            external_ips: if s.external_ip {
+                vec![addr(s.v6, 78, s.id + 1)]
             } else {
                 vec![]
             },
-            external_policy: if s.etp_local { TrafficPolicy::Local } else { TrafficPolicy::Cluster },
-            internal_policy: if s.itp_local { TrafficPolicy::Local } else { TrafficPolicy::Cluster },
+            load_balancer_ips: if s.lb {
+                vec![addr(s.v6, 79, s.id + 1)]
+            } else {
+                vec![]
+            },
+            load_balancer_source_ranges: if s.source_range {
+                vec![if s.v6 {
+                    "fd00:77::/32".parse().unwrap()
+                } else {
+                    "10.77.0.0/16".parse().unwrap()
+                }]
+            } else {
+                vec![]
+            },
+            external_policy: if s.etp_local {
+                TrafficPolicy::Local
+            } else {
+                TrafficPolicy::Cluster
+            },
+            internal_policy: if s.itp_local {
+                TrafficPolicy::Local
+            } else {
+                TrafficPolicy::Cluster
+            },
             affinity_timeout_seconds: s.affinity.then_some(60),
             health_check_node_port: None,
             traffic_distribution: TrafficDistribution::Unset,
@@ -173,7 +208,12 @@ fn service_of(op: &Op) -> Vec<String> {
     };
     match op {
         Op::AddRule { rule, .. } => push(&rule.chain),
-        Op::FlushChain { name, .. } | Op::DeleteChain { name, .. } | Op::AddChain { chain: kube_nlproxy_netlink::nft::Chain { name, .. }, .. } => push(name),
+        Op::FlushChain { name, .. }
+        | Op::DeleteChain { name, .. }
+        | Op::AddChain {
+            chain: kube_nlproxy_netlink::nft::Chain { name, .. },
+            ..
+        } => push(name),
         Op::AddElements { elements, .. } | Op::DeleteElements { elements, .. } => {
             for e in elements {
                 if let Some(c) = e.verdict.as_ref().and_then(|v| v.chain()) {
@@ -199,22 +239,37 @@ fn changing_one_endpoint_touches_only_that_service() {
         etp_local: false,
         itp_local: false,
         affinity: false,
-        endpoints: hosts.iter().map(|h| (*h, true, true, true, false)).collect(),
+        endpoints: hosts
+            .iter()
+            .map(|h| (*h, true, true, true, false))
+            .collect(),
     };
     let before = vec![seed(1, &[1, 2]), seed(2, &[3, 4]), seed(3, &[5])];
     let after = vec![seed(1, &[1, 2]), seed(2, &[3, 6]), seed(3, &[5])];
     let mut syncer = Syncer::new(FakeKernel::default());
-    syncer.sync(&desired_tables(&state_of(&before), &opts())).unwrap();
-    let ops = syncer.plan(&desired_tables(&state_of(&after), &opts())).unwrap();
+    syncer
+        .sync(&desired_tables(&state_of(&before), &opts()))
+        .unwrap();
+    let ops = syncer
+        .plan(&desired_tables(&state_of(&after), &opts()))
+        .unwrap();
     assert!(!ops.is_empty());
     for op in &ops {
         let touched = service_of(op);
-        assert_eq!(touched, vec!["svc2".to_string()], "op touches more than svc2: {op}");
+        assert_eq!(
+            touched,
+            vec!["svc2".to_string()],
+            "op touches more than svc2: {op}"
+        );
     }
     // Removing svc3 deletes its chains (after flushing) and map elements only.
     let removed = vec![seed(1, &[1, 2]), seed(2, &[3, 6])];
-    syncer.sync(&desired_tables(&state_of(&after), &opts())).unwrap();
-    let ops = syncer.plan(&desired_tables(&state_of(&removed), &opts())).unwrap();
+    syncer
+        .sync(&desired_tables(&state_of(&after), &opts()))
+        .unwrap();
+    let ops = syncer
+        .plan(&desired_tables(&state_of(&removed), &opts()))
+        .unwrap();
     assert!(ops.iter().any(|op| matches!(op, Op::DeleteChain { .. })));
     for op in &ops {
         match op {
@@ -222,7 +277,9 @@ fn changing_one_endpoint_touches_only_that_service() {
             _ => assert_eq!(service_of(op), vec!["svc3".to_string()], "{op}"),
         }
     }
-    syncer.sync(&desired_tables(&state_of(&removed), &opts())).unwrap();
+    syncer
+        .sync(&desired_tables(&state_of(&removed), &opts()))
+        .unwrap();
 }
 
 #[test]
@@ -235,9 +292,16 @@ fn fake_kernel_rejects_like_the_kernel_and_keeps_nothing() {
         Op::AddChain {
             family: Family::Ipv4,
             table: TABLE.into(),
-            chain: kube_nlproxy_netlink::nft::Chain { name: "x".into(), base: None },
+            chain: kube_nlproxy_netlink::nft::Chain {
+                name: "x".into(),
+                base: None,
+            },
         },
-        Op::DeleteChain { family: Family::Ipv4, table: TABLE.into(), name: "services".into() },
+        Op::DeleteChain {
+            family: Family::Ipv4,
+            table: TABLE.into(),
+            name: "services".into(),
+        },
     ];
     let err = syncer.dataplane.apply(&bad).unwrap_err();
     assert!(err.to_string().contains("busy"), "{err}");

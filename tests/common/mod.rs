@@ -396,7 +396,18 @@ impl Topo {
         ipn(&node_ns, &["link", "set", &host_if, "master", "cbr0", "up"]);
         // Like the bridge CNI with hairpinMode: a pod reaching itself via a
         // service VIP is bridged back out of its own port.
-        ipn(&node_ns, &["link", "set", &host_if, "type", "bridge_slave", "hairpin", "on"]);
+        ipn(
+            &node_ns,
+            &[
+                "link",
+                "set",
+                &host_if,
+                "type",
+                "bridge_slave",
+                "hairpin",
+                "on",
+            ],
+        );
         ipn(&ns, &["addr", "add", &format!("{v4}/24"), "dev", "eth0"]);
         ipn(
             &ns,

@@ -76,7 +76,7 @@ pub enum NftError {
 }
 
 /// One change in an atomic batch.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Op {
     /// `add table` (idempotent).
     AddTable {
