@@ -71,8 +71,8 @@ fn run() -> Result<(), String> {
     let mut ok = true;
     let mut backends = std::collections::BTreeSet::new();
     println!(
-        "  {:<44} {:>3}  {:<8} {:<15} {}",
-        "path", "#", "backend", "source seen", "result"
+        "  {:<44} {:>3}  {:<8} {:<15} result",
+        "path", "#", "backend", "source seen"
     );
     println!("  {}", "-".repeat(87));
     let paths = [

@@ -176,13 +176,13 @@ fn clusterip_scenarios() {
                     &format!("{f} no endpoints tcp"),
                     || tcp(&a.ns, sa(empty, 80), OK_TIMEOUT),
                     ConnErr::Refused,
-                    Duration::from_secs(1),
+                    fast(v6),
                 );
                 expect_fast_err(
                     &format!("{f} no endpoints udp"),
                     || udp(&a.ns, sa(empty, 53), None, OK_TIMEOUT),
                     ConnErr::Refused,
-                    Duration::from_secs(1),
+                    fast(v6),
                 );
             },
         );
@@ -193,7 +193,7 @@ fn clusterip_scenarios() {
                     &format!("{f} unknown port"),
                     || tcp(&a.ns, sa(solo, 9999), OK_TIMEOUT),
                     ConnErr::Refused,
-                    Duration::from_secs(1),
+                    fast(v6),
                 );
             },
         );
@@ -230,4 +230,3 @@ fn clusterip_scenarios() {
 }
 
 use std::net::IpAddr;
-use std::time::Duration;

@@ -4,10 +4,8 @@
 mod common;
 use common::*;
 use std::net::IpAddr;
-use std::time::Duration;
 
 const BIN: &str = env!("CARGO_BIN_EXE_kube-nlproxy");
-const FAST: Duration = Duration::from_secs(1);
 
 fn both(svc: &str, t: &Topo, pods: &[&str]) -> Vec<String> {
     let ports = [("http", "TCP", 8080)];
@@ -142,19 +140,19 @@ fn external_scenarios() {
                     "clusterip",
                     || tcp(&a.ns, sa(cip, 80), OK_TIMEOUT),
                     ConnErr::Refused,
-                    FAST,
+                    fast(v6),
                 );
                 expect_fast_err(
                     "nodeport",
                     || tcp(&ext, sa(node, 30088), OK_TIMEOUT),
                     ConnErr::Refused,
-                    FAST,
+                    fast(v6),
                 );
                 expect_fast_err(
                     "externalIP",
                     || tcp(&ext, sa(eip, 80), OK_TIMEOUT),
                     ConnErr::Refused,
-                    FAST,
+                    fast(v6),
                 );
             },
         );

@@ -100,11 +100,14 @@ fn masquerade_scenarios() {
         c.run(
             &format!("detect-local {mode}: on-node pod not masqueraded"),
             || {
-                let r = expect_ok(
-                    "on-node",
-                    tcp(&on_node.ns, sa(local, 80), OK_TIMEOUT),
-                    &["b"],
-                );
+                // The routed pod is not on cbr0, so its backend is the remote
+                // pod (a bridged backend would ARP for it on cbr0).
+                let (svc, be) = if *mode == "InterfaceNamePrefix" {
+                    (remote, "r")
+                } else {
+                    (local, "b")
+                };
+                let r = expect_ok("on-node", tcp(&on_node.ns, sa(svc, 80), OK_TIMEOUT), &[be]);
                 assert_eq!(
                     r.src,
                     on_node.ip(false),

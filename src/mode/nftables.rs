@@ -551,19 +551,26 @@ fn service_port(
         .chain(&svc.load_balancer_ips)
         .copied()
         .collect();
+    // Entry points for external traffic: into the external chain whenever the
+    // service has endpoints (pods and the node may still short-circuit), plus a
+    // filter verdict when external traffic itself has nowhere to go: reject without
+    // endpoints, drop when eTP Local finds none on this node.
+    let uses_external_chain =
+        has_endpoints && (!external_addrs.is_empty() || svc.node_port.is_some());
     for addr in &external_addrs {
         let key = vec![
             KeyValue::Addr(*addr),
             KeyValue::Proto(proto),
             KeyValue::Port(port),
         ];
-        if has_external {
+        if has_endpoints {
             t.element(
                 SERVICE_IPS,
-                key,
+                key.clone(),
                 Some(Verdict::Goto(external_chain.clone())),
             );
-        } else {
+        }
+        if !has_external {
             t.element(
                 NO_ENDPOINT_SERVICES,
                 key,
@@ -573,13 +580,14 @@ fn service_port(
     }
     if let Some(node_port) = svc.node_port {
         let key = vec![KeyValue::Proto(proto), KeyValue::Port(node_port)];
-        if has_external {
+        if has_endpoints {
             t.element(
                 SERVICE_NODEPORTS,
-                key,
+                key.clone(),
                 Some(Verdict::Goto(external_chain.clone())),
             );
-        } else {
+        }
+        if !has_external {
             t.element(
                 NO_ENDPOINT_NODEPORTS,
                 key,
@@ -636,7 +644,7 @@ fn service_port(
     }
 
     // The external chain.
-    if has_external && (!external_addrs.is_empty() || svc.node_port.is_some()) {
+    if uses_external_chain {
         if !svc.external_policy_local() {
             t.rule(
                 &external_chain,
@@ -668,11 +676,13 @@ fn service_port(
                 );
             }
         }
-        t.rule(
-            &external_chain,
-            RuleBuilder::new(family).verdict(Verdict::Goto(external_policy_chain.clone())),
-            None,
-        );
+        if has_external {
+            t.rule(
+                &external_chain,
+                RuleBuilder::new(family).verdict(Verdict::Goto(external_policy_chain.clone())),
+                None,
+            );
+        }
     }
 
     // Masquerade ClusterIP traffic from outside the cluster network.
@@ -698,14 +708,13 @@ fn service_port(
 
     let affinity = svc.affinity_timeout_seconds;
     let aff_id = affinity_id(&svc.name);
+    if has_internal {
+        cluster_ip_masquerade(t, internal_chain);
+    }
     if uses_cluster_chain {
-        cluster_ip_masquerade(t, &cluster_chain);
         dispatch(t, &cluster_chain, &svc.name, &cat.cluster, affinity, aff_id);
     }
     if uses_local_chain {
-        if svc.internal_policy == crate::model::TrafficPolicy::Local {
-            cluster_ip_masquerade(t, &local_chain);
-        }
         dispatch(t, &local_chain, &svc.name, &cat.local, affinity, aff_id);
     }
 

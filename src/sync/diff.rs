@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use kube_nlproxy_netlink::nft::{Chain, Element, Family, Op, Set, TableState, rule_fingerprint};
 
-use crate::mode::nftables::{TABLE, TableSpec};
+use crate::mode::nftables::{ChainSpec, TABLE, TableSpec};
 
 /// A chain as far as the diff cares: its definition and its rules' fingerprints.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,7 +67,8 @@ impl TableSnapshot {
         }
     }
 
-    /// A kernel dump. A rule without our fingerprint (someone else's rule in our
+    /// A kernel dump. Elements of dynamic sets (added by packets, e.g. session
+    /// affinity) are left out: they are state, not configuration. A rule without our fingerprint (someone else's rule in our
     /// table) gets fingerprint 0, which never matches, so its chain is rewritten.
     pub fn from_kernel(state: TableState) -> Self {
         let mut chains: BTreeMap<String, ChainSnapshot> = state
@@ -93,7 +94,12 @@ impl TableSnapshot {
             .sets
             .into_iter()
             .map(|s| {
-                let el = elements.remove(&s.name).unwrap_or_default();
+                // Elements the packet path adds (affinity) are not ours to diff.
+                let el = match elements.remove(&s.name) {
+                    Some(_) if s.flags.dynamic => Vec::new(),
+                    Some(el) => el,
+                    None => Vec::new(),
+                };
                 (
                     s.name.clone(),
                     SetSnapshot {
@@ -128,13 +134,77 @@ pub fn op_counts(ops: &[Op]) -> BTreeMap<&'static str, usize> {
     m
 }
 
+/// What the kernel holds now: the tables we committed last (trusted, compared
+/// structurally, so an unchanged chain costs no encoding), or a dump (compared by
+/// rule fingerprints).
+#[derive(Debug, Clone, Copy)]
+pub enum Current<'a> {
+    /// Our last successful commit.
+    Committed(&'a TableSpec),
+    /// Read back from the kernel.
+    Dumped(&'a TableSnapshot),
+}
+
+impl<'a> Current<'a> {
+    /// The chain's definition and whether it holds any rule.
+    fn chain(&self, name: &str) -> Option<(&'a Chain, bool)> {
+        match *self {
+            Current::Committed(t) => t.chains.get(name).map(|c| (&c.chain, !c.rules.is_empty())),
+            Current::Dumped(t) => t.chains.get(name).map(|c| (&c.chain, !c.rules.is_empty())),
+        }
+    }
+
+    /// Whether the chain holds exactly `spec`'s rules.
+    fn chain_matches(&self, name: &str, spec: &ChainSpec) -> bool {
+        match *self {
+            Current::Committed(t) => t.chains.get(name).is_some_and(|c| c.rules == spec.rules),
+            Current::Dumped(t) => t.chains.get(name).is_some_and(|c| {
+                c.rules.len() == spec.rules.len()
+                    && c.rules
+                        .iter()
+                        .zip(&spec.rules)
+                        .all(|(f, r)| *f == rule_fingerprint(r))
+            }),
+        }
+    }
+
+    fn chains(&self) -> Vec<(&'a Chain, bool)> {
+        match *self {
+            Current::Committed(t) => t
+                .chains
+                .values()
+                .map(|c| (&c.chain, !c.rules.is_empty()))
+                .collect(),
+            Current::Dumped(t) => t
+                .chains
+                .values()
+                .map(|c| (&c.chain, !c.rules.is_empty()))
+                .collect(),
+        }
+    }
+
+    fn set(&self, name: &str) -> Option<(&'a Set, &'a BTreeSet<Element>)> {
+        match *self {
+            Current::Committed(t) => t.sets.get(name).map(|s| (&s.set, &s.elements)),
+            Current::Dumped(t) => t.sets.get(name).map(|s| (&s.set, &s.elements)),
+        }
+    }
+
+    fn sets(&self) -> Vec<(&'a Set, &'a BTreeSet<Element>)> {
+        match *self {
+            Current::Committed(t) => t.sets.values().map(|s| (&s.set, &s.elements)).collect(),
+            Current::Dumped(t) => t.sets.values().map(|s| (&s.set, &s.elements)).collect(),
+        }
+    }
+}
+
 /// The operations that turn `current` (None: no table) into `desired`.
 ///
 /// Order inside the batch: new chains and sets first (so rules and elements can
 /// refer to them), then element deletions, rewritten chains, element additions, and
 /// last the chains and sets nobody refers to any more. A changed base chain or set
 /// definition (a layout change between versions) recreates the table.
-pub fn diff(current: Option<&TableSnapshot>, desired: &TableSpec) -> Vec<Op> {
+pub fn diff(current: Option<Current<'_>>, desired: &TableSpec) -> Vec<Op> {
     let family = desired.family;
     let table = TABLE.to_string();
     let mut ops = Vec::new();
@@ -152,7 +222,7 @@ pub fn diff(current: Option<&TableSnapshot>, desired: &TableSpec) -> Vec<Op> {
     };
 
     for (name, spec) in &desired.chains {
-        if !current.chains.contains_key(name) {
+        if current.chain(name).is_none() {
             ops.push(Op::AddChain {
                 family,
                 table: table.clone(),
@@ -161,7 +231,7 @@ pub fn diff(current: Option<&TableSnapshot>, desired: &TableSpec) -> Vec<Op> {
         }
     }
     for (name, spec) in &desired.sets {
-        if !current.sets.contains_key(name) {
+        if current.set(name).is_none() {
             ops.push(Op::AddSet {
                 family,
                 table: table.clone(),
@@ -170,19 +240,18 @@ pub fn diff(current: Option<&TableSnapshot>, desired: &TableSpec) -> Vec<Op> {
         }
     }
     // Element deletions (including map elements whose verdict changes).
-    for (name, cur) in &current.sets {
-        let Some(want) = desired.sets.get(name) else {
+    for (set, elements) in current.sets() {
+        let Some(want) = desired.sets.get(&set.name) else {
             continue;
         };
-        let gone: Vec<Element> = cur.elements.difference(&want.elements).cloned().collect();
-        push_elements(&mut ops, family, name, gone, false);
+        let gone: Vec<Element> = elements.difference(&want.elements).cloned().collect();
+        push_elements(&mut ops, family, &set.name, gone, false);
     }
     // Rewritten and new chains.
     for (name, spec) in &desired.chains {
-        let fingerprints: Vec<u64> = spec.rules.iter().map(rule_fingerprint).collect();
-        match current.chains.get(name) {
-            Some(cur) if cur.rules == fingerprints => continue,
-            Some(cur) if !cur.rules.is_empty() => ops.push(Op::FlushChain {
+        match current.chain(name) {
+            Some(_) if current.chain_matches(name, spec) => continue,
+            Some((_, true)) => ops.push(Op::FlushChain {
                 family,
                 table: table.clone(),
                 name: name.clone(),
@@ -197,61 +266,59 @@ pub fn diff(current: Option<&TableSnapshot>, desired: &TableSpec) -> Vec<Op> {
     }
     // Element additions.
     for (name, want) in &desired.sets {
-        let new: Vec<Element> = match current.sets.get(name) {
-            Some(cur) => want.elements.difference(&cur.elements).cloned().collect(),
+        let new: Vec<Element> = match current.set(name) {
+            Some((_, elements)) => want.elements.difference(elements).cloned().collect(),
             None => want.elements.iter().cloned().collect(),
         };
         push_elements(&mut ops, family, name, new, true);
     }
     // Chains nobody refers to any more: flush all of them, then delete.
-    let stale: Vec<&ChainSnapshot> = current
-        .chains
-        .iter()
-        .filter(|(name, _)| !desired.chains.contains_key(*name))
-        .map(|(_, c)| c)
+    let stale: Vec<(&Chain, bool)> = current
+        .chains()
+        .into_iter()
+        .filter(|(c, _)| !desired.chains.contains_key(&c.name))
         .collect();
-    for c in &stale {
-        if !c.rules.is_empty() {
+    for (c, has_rules) in &stale {
+        if *has_rules {
             ops.push(Op::FlushChain {
                 family,
                 table: table.clone(),
-                name: c.chain.name.clone(),
+                name: c.name.clone(),
             });
         }
     }
-    for c in &stale {
+    for (c, _) in &stale {
         ops.push(Op::DeleteChain {
             family,
             table: table.clone(),
-            name: c.chain.name.clone(),
+            name: c.name.clone(),
         });
     }
-    for name in current.sets.keys() {
-        if !desired.sets.contains_key(name) {
+    for (set, _) in current.sets() {
+        if !desired.sets.contains_key(&set.name) {
             ops.push(Op::DeleteSet {
                 family,
                 table: table.clone(),
-                name: name.clone(),
+                name: set.name.clone(),
             });
         }
     }
     ops
 }
 
-fn layout_changed(current: &TableSnapshot, desired: &TableSpec) -> bool {
-    let base_changed = desired.chains.iter().any(|(name, spec)| {
-        current
-            .chains
-            .get(name)
-            .is_some_and(|c| c.chain != spec.chain)
-    }) || current
+fn layout_changed(current: Current<'_>, desired: &TableSpec) -> bool {
+    let base_changed = desired
         .chains
-        .values()
-        .any(|c| c.chain.base.is_some() && !desired.chains.contains_key(&c.chain.name));
+        .iter()
+        .any(|(name, spec)| current.chain(name).is_some_and(|(c, _)| *c != spec.chain))
+        || current
+            .chains()
+            .iter()
+            .any(|(c, _)| c.base.is_some() && !desired.chains.contains_key(&c.name));
     let set_changed = desired
         .sets
         .iter()
-        .any(|(name, spec)| current.sets.get(name).is_some_and(|s| s.set != spec.set));
+        .any(|(name, spec)| current.set(name).is_some_and(|(s, _)| *s != spec.set));
     base_changed || set_changed
 }
 

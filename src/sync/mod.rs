@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use kube_nlproxy_netlink::nft::{Family, NftSocket, Op};
 
 use crate::mode::nftables::{TABLE, TableSpec};
-pub use diff::{TableSnapshot, diff, op_counts};
+pub use diff::{Current, TableSnapshot, diff, op_counts};
 pub use fake::FakeKernel;
 
 /// Errors of a sync.
@@ -91,11 +91,20 @@ pub struct SyncOutcome {
     pub ops: BTreeMap<&'static str, usize>,
 }
 
+/// What we know the kernel holds for one family.
+#[derive(Debug, Clone)]
+enum Committed {
+    /// Read back: `None` when the table does not exist.
+    Dumped(Option<TableSnapshot>),
+    /// Our last successful transaction.
+    Ours(TableSpec),
+}
+
 /// Keeps the committed state and turns desired tables into transactions.
 #[derive(Debug)]
 pub struct Syncer<D> {
     dataplane: D,
-    committed: BTreeMap<Family, Option<TableSnapshot>>,
+    committed: BTreeMap<Family, Committed>,
     need_full: bool,
 }
 
@@ -124,13 +133,20 @@ impl<D: Dataplane> Syncer<D> {
         if self.need_full {
             for t in desired {
                 let current = self.dataplane.dump(t.family, TABLE)?;
-                self.committed.insert(t.family, current);
+                self.committed.insert(t.family, Committed::Dumped(current));
             }
             self.need_full = false;
         }
         Ok(desired
             .iter()
-            .flat_map(|t| diff(self.committed.get(&t.family).and_then(|c| c.as_ref()), t))
+            .flat_map(|t| {
+                let current = match self.committed.get(&t.family) {
+                    Some(Committed::Ours(spec)) => Some(Current::Committed(spec)),
+                    Some(Committed::Dumped(Some(snapshot))) => Some(Current::Dumped(snapshot)),
+                    Some(Committed::Dumped(None)) | None => None,
+                };
+                diff(current, t)
+            })
             .collect())
     }
 
@@ -147,8 +163,7 @@ impl<D: Dataplane> Syncer<D> {
         match self.dataplane.apply(&ops) {
             Ok(()) => {
                 for t in desired {
-                    self.committed
-                        .insert(t.family, Some(TableSnapshot::from_spec(t)));
+                    self.committed.insert(t.family, Committed::Ours(t.clone()));
                 }
                 Ok(SyncOutcome {
                     full,
