@@ -4,6 +4,7 @@
 //! - our full initial sync (build + diff + one netlink batch),
 //! - an incremental sync after one endpoint of one service changes,
 //! - a no-op sync, and a restart's read-back (dump + diff),
+//!
 //! and the exec baselines in the same run:
 //! - upstream kube-proxy's nftables layout loaded with `nft -f` (per-service
 //!   anonymous `numgen … vmap { … }`),

@@ -1,108 +1,46 @@
-//! Byte-level encoding of our nf_tables object model into netlink messages, and
-//! parsing of what the kernel's dumps return.
+//! Our nf_tables object model as typed netlink messages, and back.
 //!
-//! The encoders emit attributes in the same order and with the same flags
-//! (`NLA_F_NESTED` on nests, NUL-terminated strings, big-endian u32/u64) as
-//! `nft` 1.0.x via libnftnl, so the rule bytes we send are what `nft` would send.
+//! Messages are netlink-packet-netfilter's `NfTablesMessage`s (table, chain, rule,
+//! set, set element, generation) framed by netlink-packet-core's `NetlinkMessage`.
+//! The expressions it types (`payload`, `meta`, `cmp`, `bitwise`, `lookup`,
+//! `immediate`) use its attribute enums; the others use our own attribute enums in
+//! `nft/attrs.rs`, sent through its `Expressions::Other`.
+//!
+//! Attributes are built in the same order and with the same flags (`NLA_F_NESTED`
+//! on nests, NUL-terminated strings, big-endian integers) as `nft` 1.0.x via
+//! libnftnl, so the rule bytes we send are what `nft` would send.
 
+use netlink_packet_core::{
+    DefaultNla, Emitable, NLA_F_NESTED, NLM_F_APPEND, NLM_F_CREATE, NLM_F_DUMP, NLM_F_REQUEST,
+    NetlinkHeader, NetlinkMessage, NetlinkPayload, Nla,
+};
+use netlink_packet_netfilter::nftables::{self as nl, ExpressionAttribute, ListAttribute};
+use netlink_packet_netfilter::{NetfilterHeader, NetfilterMessage, NetfilterProtoFamily};
+
+use super::attrs::*;
 use super::types::*;
 
 // ---- constants from linux/netfilter/nf_tables.h and nfnetlink.h ----
 
-pub(crate) const NFNL_SUBSYS_NFTABLES: u16 = 10;
-pub(crate) const NFNL_MSG_BATCH_BEGIN: u16 = 0x10;
-pub(crate) const NFNL_MSG_BATCH_END: u16 = 0x11;
+/// `NFNL_SUBSYS_NFTABLES`: the `res_id` of batch begin/end messages.
+const NFNL_SUBSYS_NFTABLES: u16 = 10;
 
-pub(crate) const NFT_MSG_NEWTABLE: u16 = 0;
-pub(crate) const NFT_MSG_GETTABLE: u16 = 1;
-pub(crate) const NFT_MSG_DELTABLE: u16 = 2;
-pub(crate) const NFT_MSG_NEWCHAIN: u16 = 3;
-pub(crate) const NFT_MSG_GETCHAIN: u16 = 4;
-pub(crate) const NFT_MSG_DELCHAIN: u16 = 5;
-pub(crate) const NFT_MSG_NEWRULE: u16 = 6;
-pub(crate) const NFT_MSG_GETRULE: u16 = 7;
-pub(crate) const NFT_MSG_DELRULE: u16 = 8;
-pub(crate) const NFT_MSG_NEWSET: u16 = 9;
-pub(crate) const NFT_MSG_GETSET: u16 = 10;
-pub(crate) const NFT_MSG_DELSET: u16 = 11;
-pub(crate) const NFT_MSG_NEWSETELEM: u16 = 12;
-pub(crate) const NFT_MSG_GETSETELEM: u16 = 13;
-pub(crate) const NFT_MSG_DELSETELEM: u16 = 14;
-pub(crate) const NFT_MSG_NEWGEN: u16 = 15;
-pub(crate) const NFT_MSG_GETGEN: u16 = 16;
-
-pub(crate) const NLM_F_REQUEST: u16 = 0x1;
-pub(crate) const NLM_F_DUMP: u16 = 0x300;
-pub(crate) const NLM_F_CREATE: u16 = 0x400;
-pub(crate) const NLM_F_APPEND: u16 = 0x800;
-
-const NLA_F_NESTED: u16 = 0x8000;
-const NLA_TYPE_MASK: u16 = 0x3fff;
-
-const NFTA_LIST_ELEM: u16 = 1;
-
-const NFTA_TABLE_NAME: u16 = 1;
-const NFTA_TABLE_FLAGS: u16 = 2;
-
-const NFTA_CHAIN_TABLE: u16 = 1;
-const NFTA_CHAIN_NAME: u16 = 3;
-const NFTA_CHAIN_HOOK: u16 = 4;
-const NFTA_CHAIN_TYPE: u16 = 7;
-const NFTA_HOOK_HOOKNUM: u16 = 1;
-const NFTA_HOOK_PRIORITY: u16 = 2;
-
-const NFTA_RULE_TABLE: u16 = 1;
-const NFTA_RULE_CHAIN: u16 = 2;
-const NFTA_RULE_HANDLE: u16 = 3;
-const NFTA_RULE_EXPRESSIONS: u16 = 4;
-const NFTA_RULE_USERDATA: u16 = 7;
+/// `NFTNL_UDATA_RULE_COMMENT` in a rule's userdata TLVs (libnftnl).
 const NFTNL_UDATA_RULE_COMMENT: u8 = 0;
-
-const NFTA_EXPR_NAME: u16 = 1;
-const NFTA_EXPR_DATA: u16 = 2;
-
-const NFTA_DATA_VALUE: u16 = 1;
-const NFTA_DATA_VERDICT: u16 = 2;
-const NFTA_VERDICT_CODE: u16 = 1;
-const NFTA_VERDICT_CHAIN: u16 = 2;
-
-const NFTA_SET_TABLE: u16 = 1;
-const NFTA_SET_NAME: u16 = 2;
-const NFTA_SET_FLAGS: u16 = 3;
-const NFTA_SET_KEY_TYPE: u16 = 4;
-const NFTA_SET_KEY_LEN: u16 = 5;
-const NFTA_SET_DATA_TYPE: u16 = 6;
-const NFTA_SET_DATA_LEN: u16 = 7;
-const NFTA_SET_DESC: u16 = 9;
-const NFTA_SET_ID: u16 = 10;
-const NFTA_SET_TIMEOUT: u16 = 11;
-const NFTA_SET_USERDATA: u16 = 13;
-/// `NFTNL_UDATA_SET_KEYBYTEORDER` in nft's set userdata.
+/// `NFTNL_UDATA_SET_KEYBYTEORDER` in a set's userdata TLVs (libnftnl).
 const NFTNL_UDATA_SET_KEYBYTEORDER: u8 = 0;
+/// `NFTA_SET_DESC_CONCAT`
 const NFTA_SET_DESC_CONCAT: u16 = 2;
-const NFTA_SET_FIELD_LEN: u16 = 1;
 
-const NFT_SET_ANONYMOUS: u32 = 0x1;
-const NFT_SET_MAP: u32 = 0x8;
-const NFT_SET_TIMEOUT: u32 = 0x10;
-const NFT_SET_EVAL: u32 = 0x20;
-const NFT_SET_CONCAT: u32 = 0x80;
+/// `NFT_DATA_VERDICT`: the data type of a verdict map.
 const NFT_DATA_VERDICT: u32 = 0xffff_ff00;
+/// `NFT_LOOKUP_F_INV`
+const NFT_LOOKUP_F_INV: u32 = 0x1;
 
-const NFTA_SET_ELEM_LIST_TABLE: u16 = 1;
-const NFTA_SET_ELEM_LIST_SET: u16 = 2;
-const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
-const NFTA_SET_ELEM_KEY: u16 = 1;
-const NFTA_SET_ELEM_DATA: u16 = 2;
-
-pub(crate) const NFTA_GEN_ID: u16 = 1;
-
-const NF_DROP: i32 = 0;
-const NF_ACCEPT: i32 = 1;
-const NFT_CONTINUE: i32 = -1;
-const NFT_JUMP: i32 = -3;
-const NFT_GOTO: i32 = -4;
-const NFT_RETURN: i32 = -5;
+/// `NF_DROP` (netfilter verdict, not typed by the crate's `Verdict`).
+const NF_DROP: u32 = 0;
+/// `NF_ACCEPT` (netfilter verdict, not typed by the crate's `Verdict`).
+const NF_ACCEPT: u32 = 1;
 
 /// Bits per field in nft's concatenated datatype numbering.
 const TYPE_BITS: u32 = 6;
@@ -113,340 +51,266 @@ pub const MAX_COMMENT_LEN: usize = 128;
 /// Soft limit for one element message; the kernel caps one attribute at 64 KiB.
 const ELEM_MSG_SOFT_LIMIT: usize = 32 * 1024;
 
-// ---- low-level attribute writer ----
+// ---- framing ----
 
-/// Append-only netlink message/attribute writer.
-#[derive(Debug, Default, Clone)]
-pub(crate) struct Writer {
-    pub(crate) buf: Vec<u8>,
+/// A netlink message carrying `msg` for `family`, sequence `seq`, `NLM_F_REQUEST | flags`.
+pub(crate) fn nft_request(
+    family: u8,
+    res_id: u16,
+    flags: u16,
+    seq: u32,
+    msg: impl Into<netlink_packet_netfilter::NetfilterMessageInner>,
+) -> NetlinkMessage<NetfilterMessage> {
+    let mut header = NetlinkHeader::default();
+    header.flags = NLM_F_REQUEST | flags;
+    header.sequence_number = seq;
+    let inner = NetfilterMessage::new(
+        NetfilterHeader::new(NetfilterProtoFamily::from(family), 0, res_id),
+        msg,
+    );
+    let mut m = NetlinkMessage::new(header, NetlinkPayload::InnerMessage(inner));
+    m.finalize();
+    m
 }
 
-impl Writer {
-    fn pad(&mut self) {
-        while !self.buf.len().is_multiple_of(4) {
-            self.buf.push(0);
-        }
-    }
-
-    pub(crate) fn put(&mut self, ty: u16, data: &[u8]) {
-        let len = 4 + data.len();
-        self.buf.extend_from_slice(&(len as u16).to_ne_bytes());
-        self.buf.extend_from_slice(&ty.to_ne_bytes());
-        self.buf.extend_from_slice(data);
-        self.pad();
-    }
-
-    pub(crate) fn put_str(&mut self, ty: u16, s: &str) {
-        let mut v = Vec::with_capacity(s.len() + 1);
-        v.extend_from_slice(s.as_bytes());
-        v.push(0);
-        self.put(ty, &v);
-    }
-
-    pub(crate) fn put_u32(&mut self, ty: u16, v: u32) {
-        self.put(ty, &v.to_be_bytes());
-    }
-
-    fn put_u64(&mut self, ty: u16, v: u64) {
-        self.put(ty, &v.to_be_bytes());
-    }
-
-    fn nest_start(&mut self, ty: u16) -> usize {
-        let pos = self.buf.len();
-        self.buf.extend_from_slice(&[0, 0]);
-        self.buf
-            .extend_from_slice(&(ty | NLA_F_NESTED).to_ne_bytes());
-        pos
-    }
-
-    fn nest_end(&mut self, pos: usize) {
-        let len = (self.buf.len() - pos) as u16;
-        self.buf[pos..pos + 2].copy_from_slice(&len.to_ne_bytes());
-    }
-
-    /// Start a netlink message with an `nfgenmsg` header; returns its offset.
-    pub(crate) fn msg_start(
-        &mut self,
-        ty: u16,
-        flags: u16,
-        seq: u32,
-        family: u8,
-        res_id: u16,
-    ) -> usize {
-        let pos = self.buf.len();
-        self.buf.extend_from_slice(&0u32.to_ne_bytes());
-        self.buf.extend_from_slice(&ty.to_ne_bytes());
-        self.buf.extend_from_slice(&flags.to_ne_bytes());
-        self.buf.extend_from_slice(&seq.to_ne_bytes());
-        self.buf.extend_from_slice(&0u32.to_ne_bytes());
-        self.buf.push(family);
-        self.buf.push(0); // NFNETLINK_V0
-        self.buf.extend_from_slice(&res_id.to_be_bytes());
-        pos
-    }
-
-    pub(crate) fn msg_end(&mut self, pos: usize) {
-        let len = (self.buf.len() - pos) as u32;
-        self.buf[pos..pos + 4].copy_from_slice(&len.to_ne_bytes());
-    }
+/// `NFNL_MSG_BATCH_BEGIN` / `_END` (`res_id` = `NFNL_SUBSYS_NFTABLES`).
+pub(crate) fn batch_marker(
+    msg: netlink_packet_netfilter::none::ControlMessage,
+    seq: u32,
+) -> NetlinkMessage<NetfilterMessage> {
+    nft_request(0, NFNL_SUBSYS_NFTABLES, 0, seq, msg)
 }
 
-/// nlmsg_type of an nf_tables message.
-pub(crate) fn nft_type(msg: u16) -> u16 {
-    (NFNL_SUBSYS_NFTABLES << 8) | msg
+/// Append the serialized `msg` to `buf`.
+pub(crate) fn serialize_into(buf: &mut Vec<u8>, msg: &NetlinkMessage<NetfilterMessage>) {
+    let start = buf.len();
+    buf.resize(start + msg.buffer_len(), 0);
+    msg.serialize(&mut buf[start..]);
 }
 
 // ---- expressions ----
 
-fn expr_start(w: &mut Writer, name: &str) -> (usize, usize) {
-    let elem = w.nest_start(NFTA_LIST_ELEM);
-    w.put_str(NFTA_EXPR_NAME, name);
-    let data = w.nest_start(NFTA_EXPR_DATA);
-    (elem, data)
+fn reg(r: Reg) -> nl::Register {
+    nl::Register::from(r.0)
 }
 
-fn expr_end(w: &mut Writer, (elem, data): (usize, usize)) {
-    w.nest_end(data);
-    w.nest_end(elem);
-}
-
-fn verdict_code(v: &Verdict) -> i32 {
-    match v {
-        Verdict::Accept => NF_ACCEPT,
-        Verdict::Drop => NF_DROP,
-        Verdict::Return => NFT_RETURN,
-        Verdict::Continue => NFT_CONTINUE,
-        Verdict::Jump(_) => NFT_JUMP,
-        Verdict::Goto(_) => NFT_GOTO,
-    }
-}
-
-/// `NFTA_DATA_VERDICT { CODE, CHAIN? }` (inside a DATA nest).
-fn put_verdict(w: &mut Writer, v: &Verdict) {
-    let n = w.nest_start(NFTA_DATA_VERDICT);
-    w.put(NFTA_VERDICT_CODE, &verdict_code(v).to_be_bytes());
+fn verdict_attrs(v: &Verdict) -> Vec<nl::VerdictAttribute> {
+    let code = match v {
+        Verdict::Accept => nl::Verdict::Other(NF_ACCEPT),
+        Verdict::Drop => nl::Verdict::Other(NF_DROP),
+        Verdict::Return => nl::Verdict::Return,
+        Verdict::Continue => nl::Verdict::Continue,
+        Verdict::Jump(_) => nl::Verdict::Jump,
+        Verdict::Goto(_) => nl::Verdict::Goto,
+    };
+    let mut attrs = vec![nl::VerdictAttribute::Code(code)];
     if let Some(c) = v.chain() {
-        w.put_str(NFTA_VERDICT_CHAIN, c);
+        attrs.push(nl::VerdictAttribute::Chain(c.to_string()));
     }
-    w.nest_end(n);
-}
-
-fn put_data_value(w: &mut Writer, ty: u16, value: &[u8]) {
-    let n = w.nest_start(ty);
-    w.put(NFTA_DATA_VALUE, value);
-    w.nest_end(n);
+    attrs
 }
 
 fn payload_base(b: PayloadBase) -> u32 {
     match b {
-        PayloadBase::LinkLayer => 0,
-        PayloadBase::Network => 1,
-        PayloadBase::Transport => 2,
+        PayloadBase::LinkLayer => 0, // NFT_PAYLOAD_LL_HEADER
+        PayloadBase::Network => 1,   // NFT_PAYLOAD_NETWORK_HEADER
+        PayloadBase::Transport => 2, // NFT_PAYLOAD_TRANSPORT_HEADER
     }
 }
 
-fn meta_key(k: MetaKey) -> u32 {
+fn meta_key(k: MetaKey) -> nl::MetaKey {
     match k {
-        MetaKey::Mark => 3,
-        MetaKey::IifName => 6,
-        MetaKey::OifName => 7,
-        MetaKey::NfProto => 15,
-        MetaKey::L4Proto => 16,
+        MetaKey::Mark => nl::MetaKey::Mark,
+        MetaKey::IifName => nl::MetaKey::Iifname,
+        MetaKey::OifName => nl::MetaKey::Oifname,
+        MetaKey::NfProto => nl::MetaKey::Nfproto,
+        MetaKey::L4Proto => nl::MetaKey::L4Proto,
     }
 }
 
-fn cmp_op(op: CmpOp) -> u32 {
+fn cmp_op(op: CmpOp) -> nl::Operator {
     match op {
-        CmpOp::Eq => 0,
-        CmpOp::Neq => 1,
-        CmpOp::Lt => 2,
-        CmpOp::Lte => 3,
-        CmpOp::Gt => 4,
-        CmpOp::Gte => 5,
+        CmpOp::Eq => nl::Operator::Equal,
+        CmpOp::Neq => nl::Operator::NotEqual,
+        CmpOp::Lt => nl::Operator::LessThan,
+        CmpOp::Lte => nl::Operator::LessThanEqual,
+        CmpOp::Gt => nl::Operator::GreaterThan,
+        CmpOp::Gte => nl::Operator::GreatherThanEqual,
     }
 }
 
-/// Encode one expression (a complete `NFTA_LIST_ELEM`) in libnftnl's attribute order.
-pub(crate) fn encode_expr(w: &mut Writer, e: &Expr) {
+fn value(bytes: &[u8]) -> nl::DataAttribute {
+    nl::DataAttribute::Value(bytes.to_vec())
+}
+
+/// One expression (a complete `NFTA_LIST_ELEM`), attributes in libnftnl's order.
+pub(crate) fn encode_expr(e: &Expr) -> ListAttribute<ExpressionAttribute> {
+    use nl::Expressions as X;
     match e {
         Expr::Payload {
             base,
             offset,
             len,
             dreg,
-        } => {
-            let t = expr_start(w, "payload");
-            w.put_u32(1, dreg.0); // NFTA_PAYLOAD_DREG
-            w.put_u32(2, payload_base(*base)); // BASE
-            w.put_u32(3, *offset); // OFFSET
-            w.put_u32(4, *len); // LEN
-            expr_end(w, t);
-        }
-        Expr::Meta { key, dreg } => {
-            let t = expr_start(w, "meta");
-            w.put_u32(2, meta_key(*key)); // NFTA_META_KEY
-            w.put_u32(1, dreg.0); // NFTA_META_DREG
-            expr_end(w, t);
-        }
-        Expr::MetaSet { key, sreg } => {
-            let t = expr_start(w, "meta");
-            w.put_u32(2, meta_key(*key)); // NFTA_META_KEY
-            w.put_u32(3, sreg.0); // NFTA_META_SREG
-            expr_end(w, t);
-        }
-        Expr::Cmp { sreg, op, data } => {
-            let t = expr_start(w, "cmp");
-            w.put_u32(1, sreg.0); // NFTA_CMP_SREG
-            w.put_u32(2, cmp_op(*op)); // NFTA_CMP_OP
-            put_data_value(w, 3, data); // NFTA_CMP_DATA
-            expr_end(w, t);
-        }
+        } => X::Payload(vec![
+            nl::Payload::DestinationRegister(reg(*dreg)),
+            nl::Payload::Base(payload_base(*base)),
+            nl::Payload::Offset(*offset),
+            nl::Payload::Len(*len),
+        ])
+        .into(),
+        Expr::Meta { key, dreg } => X::Meta(vec![
+            nl::Meta::Key(meta_key(*key)),
+            nl::Meta::DestinationRegister(reg(*dreg)),
+        ])
+        .into(),
+        Expr::MetaSet { key, sreg } => X::Meta(vec![
+            nl::Meta::Key(meta_key(*key)),
+            nl::Meta::SourceRegister(reg(*sreg)),
+        ])
+        .into(),
+        Expr::Cmp { sreg, op, data } => X::Cmp(vec![
+            nl::Cmp::SourceRegister(reg(*sreg)),
+            nl::Cmp::Op(cmp_op(*op)),
+            nl::Cmp::Data(value(data)),
+        ])
+        .into(),
         Expr::Bitwise {
             sreg,
             dreg,
             mask,
             xor,
-        } => {
-            let t = expr_start(w, "bitwise");
-            w.put_u32(1, sreg.0); // NFTA_BITWISE_SREG
-            w.put_u32(2, dreg.0); // DREG
-            w.put_u32(3, mask.len() as u32); // LEN
-            put_data_value(w, 4, mask); // MASK
-            put_data_value(w, 5, xor); // XOR
-            expr_end(w, t);
-        }
+        } => X::Bitwise(vec![
+            nl::Bitwise::SourceRegister(reg(*sreg)),
+            nl::Bitwise::DestinationRegister(reg(*dreg)),
+            nl::Bitwise::Length(mask.len() as u32),
+            nl::Bitwise::Mask(value(mask)),
+            nl::Bitwise::Xor(value(xor)),
+        ])
+        .into(),
         Expr::Lookup {
             set,
             sreg,
             dreg,
             invert,
         } => {
-            let t = expr_start(w, "lookup");
-            w.put_u32(2, sreg.0); // NFTA_LOOKUP_SREG
+            let mut a = vec![nl::Lookup::SourceRegister(reg(*sreg))];
             if let Some(d) = dreg {
-                w.put_u32(3, d.0); // DREG
+                a.push(nl::Lookup::DestinationRegister(reg(*d)));
             }
-            w.put_str(1, set); // SET
+            a.push(nl::Lookup::Set(set.clone()));
             if *invert {
-                w.put_u32(5, 1); // FLAGS: NFT_LOOKUP_F_INV
+                a.push(nl::Lookup::Flags(NFT_LOOKUP_F_INV));
             }
-            expr_end(w, t);
+            X::Lookup(a).into()
         }
-        Expr::Immediate { dreg, data } => {
-            let t = expr_start(w, "immediate");
-            w.put_u32(1, dreg.0); // NFTA_IMMEDIATE_DREG
-            let n = w.nest_start(2); // NFTA_IMMEDIATE_DATA
-            match data {
-                ImmediateData::Verdict(v) => put_verdict(w, v),
-                ImmediateData::Value(b) => w.put(NFTA_DATA_VALUE, b),
-            }
-            w.nest_end(n);
-            expr_end(w, t);
-        }
+        Expr::Immediate { dreg, data } => X::Immediate(vec![
+            nl::Immediate::DestinationRegister(reg(*dreg)),
+            nl::Immediate::Data(match data {
+                ImmediateData::Verdict(v) => nl::DataAttribute::Verdict(verdict_attrs(v)),
+                ImmediateData::Value(b) => value(b),
+            }),
+        ])
+        .into(),
         Expr::NumgenRandom {
             dreg,
             modulus,
             offset,
-        } => {
-            let t = expr_start(w, "numgen");
-            w.put_u32(1, dreg.0); // NFTA_NG_DREG
-            w.put_u32(2, *modulus); // MODULUS
-            w.put_u32(3, 1); // TYPE: NFT_NG_RANDOM
-            w.put_u32(4, *offset); // OFFSET
-            expr_end(w, t);
-        }
+        } => own_expr(
+            "numgen",
+            &[
+                NumgenAttr::Dreg(dreg.0),
+                NumgenAttr::Modulus(*modulus),
+                NumgenAttr::Type(NFT_NG_RANDOM),
+                NumgenAttr::Offset(*offset),
+            ],
+        ),
         Expr::Fib { addr, result, dreg } => {
-            let t = expr_start(w, "fib");
             let flags = match addr {
-                FibAddr::Source => 1,
-                FibAddr::Destination => 2,
+                FibAddr::Source => NFTA_FIB_F_SADDR,
+                FibAddr::Destination => NFTA_FIB_F_DADDR,
             };
-            w.put_u32(3, flags); // NFTA_FIB_FLAGS
             let res = match result {
-                FibResult::AddrType => 3,
+                FibResult::AddrType => NFT_FIB_RESULT_ADDRTYPE,
             };
-            w.put_u32(2, res); // NFTA_FIB_RESULT
-            w.put_u32(1, dreg.0); // NFTA_FIB_DREG
-            expr_end(w, t);
+            own_expr(
+                "fib",
+                &[
+                    FibAttr::Flags(flags),
+                    FibAttr::Result(res),
+                    FibAttr::Dreg(dreg.0),
+                ],
+            )
         }
         Expr::Ct { key, dreg } => {
-            let t = expr_start(w, "ct");
             let k = match key {
-                CtKey::State => 0,
+                CtKey::State => NFT_CT_STATE,
             };
-            w.put_u32(2, k); // NFTA_CT_KEY
-            w.put_u32(1, dreg.0); // NFTA_CT_DREG
-            expr_end(w, t);
+            own_expr("ct", &[CtAttr::Key(k), CtAttr::Dreg(dreg.0)])
         }
         Expr::Dnat {
             family,
             reg_addr,
             reg_port,
         } => {
-            let t = expr_start(w, "nat");
-            w.put_u32(1, 1); // NFTA_NAT_TYPE: NFT_NAT_DNAT
-            w.put_u32(2, u32::from(family.nfproto())); // FAMILY
-            w.put_u32(3, reg_addr.0); // REG_ADDR_MIN
+            let mut a = vec![
+                NatAttr::Type(NFT_NAT_DNAT),
+                NatAttr::Family(u32::from(family.nfproto())),
+                NatAttr::RegAddrMin(reg_addr.0),
+            ];
             if let Some(p) = reg_port {
-                w.put_u32(5, p.0); // REG_PROTO_MIN
-                w.put_u32(7, 2); // FLAGS: NF_NAT_RANGE_PROTO_SPECIFIED (as nft sends)
+                a.push(NatAttr::RegProtoMin(p.0));
+                // as nft sends it
+                a.push(NatAttr::Flags(NF_NAT_RANGE_PROTO_SPECIFIED));
             }
-            expr_end(w, t);
+            own_expr("nat", &a)
         }
         Expr::Masquerade { fully_random } => {
-            let t = expr_start(w, "masq");
-            if *fully_random {
-                w.put_u32(1, 0x10); // NFTA_MASQ_FLAGS: NF_NAT_RANGE_PROTO_RANDOM_FULLY
-            }
-            expr_end(w, t);
+            let a: &[MasqAttr] = if *fully_random {
+                &[MasqAttr::Flags(NF_NAT_RANGE_PROTO_RANDOM_FULLY)]
+            } else {
+                &[]
+            };
+            own_expr("masq", a)
         }
         Expr::Reject(kind) => {
-            let t = expr_start(w, "reject");
-            match kind {
-                RejectKind::IcmpUnreach(code) => {
-                    w.put_u32(1, 0); // NFTA_REJECT_TYPE: NFT_REJECT_ICMP_UNREACH
-                    w.put(2, &[*code]); // NFTA_REJECT_ICMP_CODE
-                }
-                RejectKind::TcpRst => {
-                    w.put_u32(1, 1); // NFT_REJECT_TCP_RST
-                    w.put(2, &[0]);
-                }
-            }
-            expr_end(w, t);
+            let (ty, code) = match kind {
+                RejectKind::IcmpUnreach(code) => (NFT_REJECT_ICMP_UNREACH, *code),
+                RejectKind::TcpRst => (NFT_REJECT_TCP_RST, 0),
+            };
+            own_expr(
+                "reject",
+                &[RejectAttr::Type(ty), RejectAttr::IcmpCode(code)],
+            )
         }
-        Expr::Counter => {
-            let t = expr_start(w, "counter");
-            expr_end(w, t);
-        }
+        Expr::Counter => own_expr::<DefaultNla>("counter", &[]),
         Expr::Dynset {
             op,
             set,
             sreg_key,
             timeout_ms,
         } => {
-            let t = expr_start(w, "dynset");
-            w.put_u32(4, sreg_key.0); // NFTA_DYNSET_SREG_KEY
             let o = match op {
-                DynsetOp::Add => 0,
-                DynsetOp::Update => 1,
+                DynsetOp::Add => NFT_DYNSET_OP_ADD,
+                DynsetOp::Update => NFT_DYNSET_OP_UPDATE,
             };
-            w.put_u32(3, o); // NFTA_DYNSET_OP
+            let mut a = vec![DynsetAttr::SregKey(sreg_key.0), DynsetAttr::Op(o)];
             if let Some(ms) = timeout_ms {
-                w.put_u64(6, *ms); // NFTA_DYNSET_TIMEOUT
+                a.push(DynsetAttr::Timeout(*ms));
             }
-            w.put_str(1, set); // NFTA_DYNSET_SET_NAME
-            expr_end(w, t);
+            a.push(DynsetAttr::SetName(set.clone()));
+            own_expr("dynset", &a)
         }
     }
 }
 
+fn expr_list(exprs: &[Expr]) -> Vec<ListAttribute<ExpressionAttribute>> {
+    exprs.iter().map(encode_expr).collect()
+}
+
 /// The content of `NFTA_RULE_EXPRESSIONS` for a list of expressions.
 pub fn encode_exprs(exprs: &[Expr]) -> Vec<u8> {
-    let mut w = Writer::default();
-    for e in exprs {
-        encode_expr(&mut w, e);
-    }
-    w.buf
+    emit_all(&expr_list(exprs))
 }
 
 /// FNV-1a 64 over bytes.
@@ -504,6 +368,12 @@ pub fn parse_comment(comment: &str) -> (String, Option<u64>) {
     }
 }
 
+/// nft's datatype number of a set key (concatenations: `(acc << 6) | type`).
+pub fn set_key_type(key: &[KeyType]) -> u32 {
+    key.iter()
+        .fold(0, |acc, k| (acc << TYPE_BITS) | k.nft_type())
+}
+
 fn rule_userdata(comment: &str) -> Vec<u8> {
     let mut v = vec![NFTNL_UDATA_RULE_COMMENT, (comment.len() + 1) as u8];
     v.extend_from_slice(comment.as_bytes());
@@ -513,109 +383,152 @@ fn rule_userdata(comment: &str) -> Vec<u8> {
 
 // ---- objects ----
 
-/// nft's datatype number of a set key (concatenations: `(acc << 6) | type`).
-pub fn set_key_type(key: &[KeyType]) -> u32 {
-    key.iter()
-        .fold(0, |acc, k| (acc << TYPE_BITS) | k.nft_type())
-}
-
-fn set_flags(set: &Set) -> u32 {
-    let mut f = 0;
+fn set_flags(set: &Set) -> nl::SetFlags {
+    let mut f = nl::SetFlags::empty();
     if set.verdict_map {
-        f |= NFT_SET_MAP;
+        f |= nl::SetFlags::Map;
     }
     if set.key.len() > 1 {
-        f |= NFT_SET_CONCAT;
+        f |= nl::SetFlags::Concat;
     }
     if set.flags.timeout {
-        f |= NFT_SET_TIMEOUT;
+        f |= nl::SetFlags::Timeout;
     }
     if set.flags.dynamic {
-        f |= NFT_SET_EVAL;
+        f |= nl::SetFlags::Eval;
     }
     f
 }
 
-pub(crate) fn encode_table(w: &mut Writer, name: &str) {
-    w.put_str(NFTA_TABLE_NAME, name);
-    w.put_u32(NFTA_TABLE_FLAGS, 0);
+fn table_msg(attributes: Vec<nl::TableAttribute>) -> nl::TableMessage {
+    nl::TableMessage { attributes }
 }
 
-pub(crate) fn encode_table_name(w: &mut Writer, name: &str) {
-    w.put_str(NFTA_TABLE_NAME, name);
+fn chain_msg(attributes: Vec<nl::ChainAttribute>) -> nl::ChainMessage {
+    nl::ChainMessage { attributes }
 }
 
-pub(crate) fn encode_chain(w: &mut Writer, table: &str, chain: &Chain) {
-    w.put_str(NFTA_CHAIN_TABLE, table);
-    w.put_str(NFTA_CHAIN_NAME, &chain.name);
+fn rule_msg(attributes: Vec<nl::RuleAttribute>) -> nl::RuleMessage {
+    nl::RuleMessage { attributes }
+}
+
+fn set_msg(attributes: Vec<nl::SetAttribute>) -> nl::SetMessage {
+    nl::SetMessage { attributes }
+}
+
+fn elem_msg(attributes: Vec<nl::SetElementList>) -> nl::SetElementMessage {
+    nl::SetElementMessage { attributes }
+}
+
+/// `NEWTABLE { NAME, FLAGS 0 }`.
+pub(crate) fn new_table(name: &str) -> nl::NfTablesMessage {
+    nl::NfTablesMessage::NewTable(table_msg(vec![
+        nl::TableAttribute::Name(name.to_string()),
+        nl::TableAttribute::Flags(nl::TableFlags::empty()),
+    ]))
+}
+
+/// `DELTABLE { NAME }`.
+pub(crate) fn delete_table(name: &str) -> nl::NfTablesMessage {
+    nl::NfTablesMessage::DeleteTable(table_msg(vec![nl::TableAttribute::Name(name.to_string())]))
+}
+
+/// `GETTABLE { NAME }`.
+pub(crate) fn get_table(name: &str) -> nl::NfTablesMessage {
+    nl::NfTablesMessage::GetTable(table_msg(vec![nl::TableAttribute::Name(name.to_string())]))
+}
+
+/// `NEWCHAIN { TABLE, NAME, [TYPE, HOOK { HOOKNUM, PRIORITY }] }`.
+pub(crate) fn new_chain(table: &str, chain: &Chain) -> nl::NfTablesMessage {
+    let mut a = vec![
+        nl::ChainAttribute::Table(table.to_string()),
+        nl::ChainAttribute::Name(chain.name.clone()),
+    ];
     if let Some(b) = &chain.base {
-        w.put_str(NFTA_CHAIN_TYPE, b.kind.name());
-        let n = w.nest_start(NFTA_CHAIN_HOOK);
-        w.put_u32(NFTA_HOOK_HOOKNUM, b.hook.number());
-        w.put(NFTA_HOOK_PRIORITY, &b.priority.to_be_bytes());
-        w.nest_end(n);
+        a.push(nl::ChainAttribute::Type(b.kind.name().to_string()));
+        a.push(nl::ChainAttribute::Hook(vec![
+            nl::Hook::Number(nl::HookNumber::Inet(b.hook.number().into())),
+            // The crate types the (signed) priority as u32; same bytes.
+            nl::Hook::Priority(b.priority as u32),
+        ]));
     }
+    nl::NfTablesMessage::NewChain(chain_msg(a))
 }
 
-pub(crate) fn encode_chain_ref(w: &mut Writer, table: &str, name: &str) {
-    w.put_str(NFTA_CHAIN_TABLE, table);
-    w.put_str(NFTA_CHAIN_NAME, name);
+/// `DELCHAIN { TABLE, NAME }`.
+pub(crate) fn delete_chain(table: &str, name: &str) -> nl::NfTablesMessage {
+    nl::NfTablesMessage::DeleteChain(chain_msg(vec![
+        nl::ChainAttribute::Table(table.to_string()),
+        nl::ChainAttribute::Name(name.to_string()),
+    ]))
 }
 
-/// `NFTA_RULE_TABLE`, `CHAIN`, `EXPRESSIONS`, `USERDATA` (nft's order).
-pub(crate) fn encode_rule(w: &mut Writer, table: &str, rule: &Rule) {
-    w.put_str(NFTA_RULE_TABLE, table);
-    w.put_str(NFTA_RULE_CHAIN, &rule.chain);
-    let exprs = encode_exprs(&rule.exprs);
-    let fp = fnv1a64(&exprs);
-    let n = w.nest_start(NFTA_RULE_EXPRESSIONS);
-    w.buf.extend_from_slice(&exprs);
-    w.nest_end(n);
+/// `GETCHAIN { TABLE }` (dump).
+pub(crate) fn get_chains(table: &str) -> nl::NfTablesMessage {
+    nl::NfTablesMessage::GetChain(chain_msg(vec![nl::ChainAttribute::Table(
+        table.to_string(),
+    )]))
+}
+
+/// `NEWRULE { TABLE, CHAIN, EXPRESSIONS, USERDATA }` (nft's order); the comment
+/// carries the fingerprint of the expression bytes.
+pub(crate) fn new_rule(table: &str, rule: &Rule) -> nl::NfTablesMessage {
+    let exprs = expr_list(&rule.exprs);
+    let fp = fnv1a64(&emit_all(&exprs));
     let comment = comment_with_fingerprint(rule.comment.as_deref(), fp);
-    w.put(NFTA_RULE_USERDATA, &rule_userdata(&comment));
+    nl::NfTablesMessage::NewRule(rule_msg(vec![
+        nl::RuleAttribute::Table(table.to_string()),
+        nl::RuleAttribute::Chain(rule.chain.clone()),
+        nl::RuleAttribute::Expressions(exprs),
+        nl::RuleAttribute::UserData(rule_userdata(&comment)),
+    ]))
 }
 
-pub(crate) fn encode_chain_ref_table(w: &mut Writer, table: &str) {
-    w.put_str(NFTA_CHAIN_TABLE, table);
+/// `DELRULE { TABLE, CHAIN }`: flush a chain.
+pub(crate) fn flush_chain(table: &str, chain: &str) -> nl::NfTablesMessage {
+    nl::NfTablesMessage::DeleteRule(rule_msg(vec![
+        nl::RuleAttribute::Table(table.to_string()),
+        nl::RuleAttribute::Chain(chain.to_string()),
+    ]))
 }
 
-pub(crate) fn encode_set_table(w: &mut Writer, table: &str) {
-    w.put_str(NFTA_SET_TABLE, table);
+/// `GETRULE { TABLE }` (dump).
+pub(crate) fn get_rules(table: &str) -> nl::NfTablesMessage {
+    nl::NfTablesMessage::GetRule(rule_msg(vec![nl::RuleAttribute::Table(table.to_string())]))
 }
 
-pub(crate) fn encode_flush_chain_table(w: &mut Writer, table: &str) {
-    w.put_str(NFTA_RULE_TABLE, table);
-}
-
-pub(crate) fn encode_flush_chain(w: &mut Writer, table: &str, chain: &str) {
-    w.put_str(NFTA_RULE_TABLE, table);
-    w.put_str(NFTA_RULE_CHAIN, chain);
-}
-
-pub(crate) fn encode_set(w: &mut Writer, table: &str, set: &Set, id: u32) {
-    w.put_str(NFTA_SET_TABLE, table);
-    w.put_str(NFTA_SET_NAME, &set.name);
-    w.put_u32(NFTA_SET_FLAGS, set_flags(set));
-    w.put_u32(NFTA_SET_KEY_TYPE, set_key_type(&set.key));
-    w.put_u32(NFTA_SET_KEY_LEN, set.key_len());
+/// `NEWSET`, attributes in nft's order.
+pub(crate) fn new_set(table: &str, set: &Set, id: u32) -> nl::NfTablesMessage {
+    let mut a = vec![
+        nl::SetAttribute::Table(table.to_string()),
+        nl::SetAttribute::Name(set.name.clone()),
+        nl::SetAttribute::Flags(set_flags(set)),
+        nl::SetAttribute::KeyType(set_key_type(&set.key)),
+        nl::SetAttribute::KeyLen(set.key_len()),
+    ];
     if set.verdict_map {
-        w.put_u32(NFTA_SET_DATA_TYPE, NFT_DATA_VERDICT);
-        w.put_u32(NFTA_SET_DATA_LEN, 0); // as nft: the kernel uses sizeof(verdict)
+        a.push(nl::SetAttribute::DataType(NFT_DATA_VERDICT));
+        // as nft: the kernel uses sizeof(verdict)
+        a.push(nl::SetAttribute::DataLen(0));
     }
-    w.put_u32(NFTA_SET_ID, id);
+    a.push(nl::SetAttribute::Id(id));
     if let Some(ms) = set.timeout_ms {
-        w.put_u64(NFTA_SET_TIMEOUT, ms);
+        a.push(nl::SetAttribute::Timeout(ms));
     }
     if set.key.len() > 1 {
-        let d = w.nest_start(NFTA_SET_DESC);
-        let c = w.nest_start(NFTA_SET_DESC_CONCAT);
-        for k in &set.key {
-            let e = w.nest_start(NFTA_LIST_ELEM);
-            w.put_u32(NFTA_SET_FIELD_LEN, k.len());
-            w.nest_end(e);
-        }
-        w.nest_end(c);
-        w.nest_end(d);
+        let fields: Vec<ListAttribute<SetFieldAttr>> = set
+            .key
+            .iter()
+            .map(|k| ListAttribute::Element(vec![SetFieldAttr::Len(k.len())]))
+            .collect();
+        // The crate's `SetDescription::Concat` emits NFTA_SET_DESC_CONCAT without
+        // NLA_F_NESTED; nft sends it nested, so we send it as `Other` with the flag.
+        a.push(nl::SetAttribute::Description(vec![
+            nl::SetDescription::Other(DefaultNla::new(
+                NFTA_SET_DESC_CONCAT | NLA_F_NESTED,
+                emit_all(&fields),
+            )),
+        ]));
     }
     // nft's key byte order hint (BYTEORDER_HOST_ENDIAN = 1, BIG_ENDIAN = 2, 0 for
     // concatenations), so `nft list` prints e.g. marks the right way round.
@@ -626,106 +539,115 @@ pub(crate) fn encode_set(w: &mut Writer, table: &str, set: &Set, id: u32) {
     };
     let mut ud = vec![NFTNL_UDATA_SET_KEYBYTEORDER, 4];
     ud.extend_from_slice(&order.to_ne_bytes());
-    w.put(NFTA_SET_USERDATA, &ud);
+    a.push(nl::SetAttribute::UserData(ud));
+    nl::NfTablesMessage::NewSet(set_msg(a))
 }
 
-pub(crate) fn encode_set_ref(w: &mut Writer, table: &str, name: &str) {
-    w.put_str(NFTA_SET_TABLE, table);
-    w.put_str(NFTA_SET_NAME, name);
+/// `DELSET { TABLE, NAME }`.
+pub(crate) fn delete_set(table: &str, name: &str) -> nl::NfTablesMessage {
+    nl::NfTablesMessage::DeleteSet(set_msg(vec![
+        nl::SetAttribute::Table(table.to_string()),
+        nl::SetAttribute::Name(name.to_string()),
+    ]))
 }
 
-/// Encode one element (`NFTA_LIST_ELEM { KEY, DATA? }`) into a scratch buffer.
-fn encode_element(e: &Element, with_data: bool) -> Vec<u8> {
-    let mut w = Writer::default();
-    let n = w.nest_start(NFTA_LIST_ELEM);
-    put_data_value(&mut w, NFTA_SET_ELEM_KEY, &e.key_bytes());
+/// `GETSET { TABLE }` (dump).
+pub(crate) fn get_sets(table: &str) -> nl::NfTablesMessage {
+    nl::NfTablesMessage::GetSet(set_msg(vec![nl::SetAttribute::Table(table.to_string())]))
+}
+
+/// One element: `NFTA_LIST_ELEM { KEY { VALUE }, DATA { VERDICT }? }`.
+fn encode_element(e: &Element, with_data: bool) -> ListAttribute<nl::SetElementAttribute> {
+    let mut a = vec![nl::SetElementAttribute::Key(value(&e.key_bytes()))];
     if let (true, Some(v)) = (with_data, &e.verdict) {
-        let d = w.nest_start(NFTA_SET_ELEM_DATA);
-        put_verdict(&mut w, v);
-        w.nest_end(d);
+        a.push(nl::SetElementAttribute::Data(nl::DataAttribute::Verdict(
+            verdict_attrs(v),
+        )));
     }
-    w.nest_end(n);
-    w.buf
+    ListAttribute::Element(a)
 }
 
-/// Group elements into chunks whose encoded list stays under the soft message limit.
-/// Returns the encoded `NFTA_SET_ELEM_LIST_ELEMENTS` contents, one per message.
-pub(crate) fn element_chunks(elements: &[Element], with_data: bool) -> Vec<Vec<u8>> {
-    let mut out = Vec::new();
-    let mut cur = Vec::new();
+/// Element list messages (`NEWSETELEM` with data, or `DELSETELEM` with keys only),
+/// split so that each message's element list stays under the soft limit.
+pub(crate) fn element_messages(
+    table: &str,
+    set: &str,
+    elements: &[Element],
+    add: bool,
+) -> Vec<nl::NfTablesMessage> {
+    let mut chunks: Vec<Vec<ListAttribute<nl::SetElementAttribute>>> = Vec::new();
+    let (mut cur, mut cur_len) = (Vec::new(), 0);
     for e in elements {
-        let enc = encode_element(e, with_data);
-        if !cur.is_empty() && cur.len() + enc.len() > ELEM_MSG_SOFT_LIMIT {
-            out.push(std::mem::take(&mut cur));
+        let enc = encode_element(e, add);
+        let len = enc.buffer_len();
+        if !cur.is_empty() && cur_len + len > ELEM_MSG_SOFT_LIMIT {
+            chunks.push(std::mem::take(&mut cur));
+            cur_len = 0;
         }
-        cur.extend_from_slice(&enc);
+        cur.push(enc);
+        cur_len += len;
     }
     if !cur.is_empty() {
-        out.push(cur);
+        chunks.push(cur);
     }
-    out
+    chunks
+        .into_iter()
+        .map(|chunk| {
+            let m = elem_msg(vec![
+                nl::SetElementList::Table(table.to_string()),
+                nl::SetElementList::Set(set.to_string()),
+                nl::SetElementList::Elements(chunk),
+            ]);
+            if add {
+                nl::NfTablesMessage::NewSetElement(m)
+            } else {
+                nl::NfTablesMessage::DeleteSetElement(m)
+            }
+        })
+        .collect()
 }
 
-pub(crate) fn encode_elem_list(w: &mut Writer, table: &str, set: &str, encoded: &[u8]) {
-    w.put_str(NFTA_SET_ELEM_LIST_TABLE, table);
-    w.put_str(NFTA_SET_ELEM_LIST_SET, set);
-    let n = w.nest_start(NFTA_SET_ELEM_LIST_ELEMENTS);
-    w.buf.extend_from_slice(encoded);
-    w.nest_end(n);
+/// `GETSETELEM { TABLE, SET }` (dump).
+pub(crate) fn get_elements(table: &str, set: &str) -> nl::NfTablesMessage {
+    nl::NfTablesMessage::GetSetElement(elem_msg(vec![
+        nl::SetElementList::Table(table.to_string()),
+        nl::SetElementList::Set(set.to_string()),
+    ]))
 }
 
-pub(crate) fn encode_elem_list_ref(w: &mut Writer, table: &str, set: &str) {
-    w.put_str(NFTA_SET_ELEM_LIST_TABLE, table);
-    w.put_str(NFTA_SET_ELEM_LIST_SET, set);
+/// `GETGEN {}`.
+pub(crate) fn get_gen() -> nl::NfTablesMessage {
+    nl::NfTablesMessage::GetGen(nl::GenMessage { attributes: vec![] })
+}
+
+/// Flags of a batch message of `msg`'s kind (besides `NLM_F_REQUEST`).
+pub(crate) fn batch_flags(msg: &nl::NfTablesMessage) -> u16 {
+    use nl::NfTablesMessage as M;
+    match msg {
+        M::NewRule(_) => NLM_F_CREATE | NLM_F_APPEND,
+        M::NewTable(_) | M::NewChain(_) | M::NewSet(_) | M::NewSetElement(_) => NLM_F_CREATE,
+        M::GetChain(_) | M::GetRule(_) | M::GetSet(_) | M::GetSetElement(_) => NLM_F_DUMP,
+        _ => 0,
+    }
 }
 
 // ---- parsing ----
 
-/// Iterate over the attributes of `b`: `(type without flags, payload)`.
-pub(crate) fn attrs(b: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
-    let mut i = 0usize;
-    std::iter::from_fn(move || {
-        if i + 4 > b.len() {
-            return None;
-        }
-        let len = u16::from_ne_bytes([b[i], b[i + 1]]) as usize;
-        let ty = u16::from_ne_bytes([b[i + 2], b[i + 3]]) & NLA_TYPE_MASK;
-        if len < 4 || i + len > b.len() {
-            return None;
-        }
-        let payload = &b[i + 4..i + len];
-        i += len.div_ceil(4) * 4;
-        Some((ty, payload))
-    })
-}
-
-fn be32(b: &[u8]) -> Option<u32> {
-    Some(u32::from_be_bytes(b.get(..4)?.try_into().ok()?))
-}
-
-fn be64(b: &[u8]) -> Option<u64> {
-    Some(u64::from_be_bytes(b.get(..8)?.try_into().ok()?))
-}
-
-fn string(b: &[u8]) -> String {
-    let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
-    String::from_utf8_lossy(&b[..end]).into_owned()
-}
-
 /// A chain from a `NEWCHAIN` dump message: `(table, chain)`.
-pub(crate) fn parse_chain(b: &[u8]) -> Option<(String, Chain)> {
+pub(crate) fn parse_chain(m: &nl::ChainMessage) -> Option<(String, Chain)> {
     let (mut table, mut name) = (None, None);
     let (mut hooknum, mut prio, mut kind) = (None, None, None);
-    for (ty, p) in attrs(b) {
-        match ty {
-            NFTA_CHAIN_TABLE => table = Some(string(p)),
-            NFTA_CHAIN_NAME => name = Some(string(p)),
-            NFTA_CHAIN_TYPE => kind = Some(string(p)),
-            NFTA_CHAIN_HOOK => {
-                for (t, q) in attrs(p) {
-                    match t {
-                        NFTA_HOOK_HOOKNUM => hooknum = be32(q),
-                        NFTA_HOOK_PRIORITY => prio = be32(q).map(|v| v as i32),
+    for a in &m.attributes {
+        match a {
+            nl::ChainAttribute::Table(t) => table = Some(t.clone()),
+            nl::ChainAttribute::Name(n) => name = Some(n.clone()),
+            nl::ChainAttribute::Type(k) => kind = Some(k.clone()),
+            nl::ChainAttribute::Hook(hook) => {
+                for h in hook {
+                    match h {
+                        nl::Hook::Number(n) => hooknum = Some(u32::from(*n)),
+                        // The crate types the (signed) priority as u32.
+                        nl::Hook::Priority(p) => prio = Some(*p as i32),
                         _ => {}
                     }
                 }
@@ -801,34 +723,42 @@ pub(crate) enum ParsedSet {
     BadKey(String, u32, u32),
 }
 
-pub(crate) fn parse_set(b: &[u8]) -> Option<ParsedSet> {
+/// Fields of a concatenation in an `NFTA_SET_DESC`, however the crate typed it.
+fn concat_fields(desc: &[nl::SetDescription]) -> Option<usize> {
+    desc.iter().find_map(|d| match d {
+        nl::SetDescription::Concat(fields) => Some(fields.len()),
+        nl::SetDescription::Other(a) if a.kind() & !NLA_F_NESTED == NFTA_SET_DESC_CONCAT => {
+            let mut v = vec![0; a.value_len()];
+            a.emit_value(&mut v);
+            Some(netlink_packet_core::NlasIterator::new(&v[..]).count())
+        }
+        _ => None,
+    })
+}
+
+pub(crate) fn parse_set(m: &nl::SetMessage) -> Option<ParsedSet> {
     let (mut table, mut name) = (None, None);
-    let (mut flags, mut ktype, mut klen, mut dtype, mut timeout) = (0, 0, 0, None, None);
+    let (mut flags, mut ktype, mut klen, mut dtype, mut timeout) =
+        (nl::SetFlags::empty(), 0, 0, None, None);
     let mut fields = None;
-    for (ty, p) in attrs(b) {
-        match ty {
-            NFTA_SET_TABLE => table = Some(string(p)),
-            NFTA_SET_NAME => name = Some(string(p)),
-            NFTA_SET_FLAGS => flags = be32(p)?,
-            NFTA_SET_KEY_TYPE => ktype = be32(p)?,
-            NFTA_SET_KEY_LEN => klen = be32(p)?,
-            NFTA_SET_DATA_TYPE => dtype = be32(p),
-            NFTA_SET_TIMEOUT => timeout = be64(p),
-            NFTA_SET_DESC => {
-                for (t, q) in attrs(p) {
-                    if t == NFTA_SET_DESC_CONCAT {
-                        fields = Some(attrs(q).count());
-                    }
-                }
-            }
+    for a in &m.attributes {
+        match a {
+            nl::SetAttribute::Table(t) => table = Some(t.clone()),
+            nl::SetAttribute::Name(n) => name = Some(n.clone()),
+            nl::SetAttribute::Flags(f) => flags = *f,
+            nl::SetAttribute::KeyType(t) => ktype = *t,
+            nl::SetAttribute::KeyLen(l) => klen = *l,
+            nl::SetAttribute::DataType(t) => dtype = Some(*t),
+            nl::SetAttribute::Timeout(t) => timeout = Some(*t),
+            nl::SetAttribute::Description(d) => fields = concat_fields(d),
             _ => {}
         }
     }
     let (table, name) = (table?, name?);
-    if flags & NFT_SET_ANONYMOUS != 0 {
+    if flags.contains(nl::SetFlags::Anonymous) {
         return Some(ParsedSet::Skip);
     }
-    let verdict_map = flags & NFT_SET_MAP != 0;
+    let verdict_map = flags.contains(nl::SetFlags::Map);
     if verdict_map && dtype != Some(NFT_DATA_VERDICT) {
         return Some(ParsedSet::Skip);
     }
@@ -842,30 +772,30 @@ pub(crate) fn parse_set(b: &[u8]) -> Option<ParsedSet> {
             key,
             verdict_map,
             flags: SetFlags {
-                timeout: flags & NFT_SET_TIMEOUT != 0,
-                dynamic: flags & NFT_SET_EVAL != 0,
+                timeout: flags.contains(nl::SetFlags::Timeout),
+                dynamic: flags.contains(nl::SetFlags::Eval),
             },
             timeout_ms: timeout,
         },
     ))
 }
 
-fn parse_verdict(b: &[u8]) -> Option<Verdict> {
+fn parse_verdict(attrs: &[nl::VerdictAttribute]) -> Option<Verdict> {
     let (mut code, mut chain) = (None, None);
-    for (t, q) in attrs(b) {
-        match t {
-            NFTA_VERDICT_CODE => code = be32(q).map(|c| c as i32),
-            NFTA_VERDICT_CHAIN => chain = Some(string(q)),
+    for a in attrs {
+        match a {
+            nl::VerdictAttribute::Code(c) => code = Some(*c),
+            nl::VerdictAttribute::Chain(c) => chain = Some(c.clone()),
             _ => {}
         }
     }
     Some(match code? {
-        NF_ACCEPT => Verdict::Accept,
-        NF_DROP => Verdict::Drop,
-        NFT_RETURN => Verdict::Return,
-        NFT_CONTINUE => Verdict::Continue,
-        NFT_JUMP => Verdict::Jump(chain?),
-        NFT_GOTO => Verdict::Goto(chain?),
+        nl::Verdict::Other(NF_ACCEPT) => Verdict::Accept,
+        nl::Verdict::Other(NF_DROP) => Verdict::Drop,
+        nl::Verdict::Return => Verdict::Return,
+        nl::Verdict::Continue => Verdict::Continue,
+        nl::Verdict::Jump => Verdict::Jump(chain?),
+        nl::Verdict::Goto => Verdict::Goto(chain?),
         _ => return None,
     })
 }
@@ -882,28 +812,28 @@ fn parse_key(key: &[KeyType], bytes: &[u8]) -> Option<Vec<KeyValue>> {
 
 /// Elements of a `NEWSETELEM` dump message, decoded by `key`. Elements that do not
 /// decode are skipped (returned count tells how many).
-pub(crate) fn parse_elements(b: &[u8], key: &[KeyType], out: &mut Vec<Element>) -> usize {
+pub(crate) fn parse_elements(
+    m: &nl::SetElementMessage,
+    key: &[KeyType],
+    out: &mut Vec<Element>,
+) -> usize {
     let mut skipped = 0;
-    for (ty, p) in attrs(b) {
-        if ty != NFTA_SET_ELEM_LIST_ELEMENTS {
+    for a in &m.attributes {
+        let nl::SetElementList::Elements(list) = a else {
             continue;
-        }
-        for (t, elem) in attrs(p) {
-            if t != NFTA_LIST_ELEM {
+        };
+        for elem in list {
+            let ListAttribute::Element(attrs) = elem else {
                 continue;
-            }
+            };
             let (mut k, mut verdict) = (None, None);
-            for (a, q) in attrs(elem) {
+            for a in attrs {
                 match a {
-                    NFTA_SET_ELEM_KEY => {
-                        k = attrs(q)
-                            .find(|(x, _)| *x == NFTA_DATA_VALUE)
-                            .and_then(|(_, v)| parse_key(key, v))
+                    nl::SetElementAttribute::Key(nl::DataAttribute::Value(v)) => {
+                        k = parse_key(key, v)
                     }
-                    NFTA_SET_ELEM_DATA => {
-                        verdict = attrs(q)
-                            .find(|(x, _)| *x == NFTA_DATA_VERDICT)
-                            .and_then(|(_, v)| parse_verdict(v))
+                    nl::SetElementAttribute::Data(nl::DataAttribute::Verdict(v)) => {
+                        verdict = parse_verdict(v)
                     }
                     _ => {}
                 }
@@ -925,24 +855,34 @@ pub(crate) struct ParsedRule {
     pub(crate) comment: String,
 }
 
-pub(crate) fn parse_rule(b: &[u8]) -> Option<ParsedRule> {
+/// The comment in a rule's userdata TLVs (`type u8, len u8, value`).
+fn userdata_comment(p: &[u8]) -> Option<String> {
+    let mut comment = None;
+    let mut i = 0;
+    while i + 2 <= p.len() {
+        let (t, l) = (p[i], p[i + 1] as usize);
+        let Some(v) = p.get(i + 2..i + 2 + l) else {
+            break;
+        };
+        if t == NFTNL_UDATA_RULE_COMMENT {
+            let end = v.iter().position(|&c| c == 0).unwrap_or(v.len());
+            comment = Some(String::from_utf8_lossy(&v[..end]).into_owned());
+        }
+        i += 2 + l;
+    }
+    comment
+}
+
+pub(crate) fn parse_rule(m: &nl::RuleMessage) -> Option<ParsedRule> {
     let (mut table, mut chain, mut handle, mut comment) = (None, None, None, String::new());
-    for (ty, p) in attrs(b) {
-        match ty {
-            NFTA_RULE_TABLE => table = Some(string(p)),
-            NFTA_RULE_CHAIN => chain = Some(string(p)),
-            NFTA_RULE_HANDLE => handle = be64(p),
-            NFTA_RULE_USERDATA => {
-                let mut i = 0;
-                while i + 2 <= p.len() {
-                    let (t, l) = (p[i], p[i + 1] as usize);
-                    let Some(v) = p.get(i + 2..i + 2 + l) else {
-                        break;
-                    };
-                    if t == NFTNL_UDATA_RULE_COMMENT {
-                        comment = string(v);
-                    }
-                    i += 2 + l;
+    for a in &m.attributes {
+        match a {
+            nl::RuleAttribute::Table(t) => table = Some(t.clone()),
+            nl::RuleAttribute::Chain(c) => chain = Some(c.clone()),
+            nl::RuleAttribute::Handle(h) => handle = Some(*h),
+            nl::RuleAttribute::UserData(u) => {
+                if let Some(c) = userdata_comment(u) {
+                    comment = c;
                 }
             }
             _ => {}
@@ -957,17 +897,19 @@ pub(crate) fn parse_rule(b: &[u8]) -> Option<ParsedRule> {
 }
 
 /// Table name from a `NEWTABLE` message.
-pub(crate) fn parse_table_name(b: &[u8]) -> Option<String> {
-    attrs(b)
-        .find(|(t, _)| *t == NFTA_TABLE_NAME)
-        .map(|(_, p)| string(p))
+pub(crate) fn parse_table_name(m: &nl::TableMessage) -> Option<&str> {
+    m.attributes.iter().find_map(|a| match a {
+        nl::TableAttribute::Name(n) => Some(n.as_str()),
+        _ => None,
+    })
 }
 
 /// Generation id from a `NEWGEN` message.
-pub(crate) fn parse_gen(b: &[u8]) -> Option<u32> {
-    attrs(b)
-        .find(|(t, _)| *t == NFTA_GEN_ID)
-        .and_then(|(_, p)| be32(p))
+pub(crate) fn parse_gen(m: &nl::GenMessage) -> Option<u32> {
+    m.attributes.iter().find_map(|a| match a {
+        nl::GenAttribute::Id(id) => Some(*id),
+        _ => None,
+    })
 }
 
 // ---- human-readable rendering (for `plan`) ----

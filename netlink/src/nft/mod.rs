@@ -1,5 +1,6 @@
 //! nf_tables over NETLINK_NETFILTER.
 
+mod attrs;
 pub mod codec;
 mod socket;
 mod types;
@@ -7,3 +8,8 @@ mod types;
 pub use codec::{rule_comment, rule_fingerprint};
 pub use socket::{NftError, NftSocket, Op, RuleState, TableState};
 pub use types::*;
+
+#[cfg(test)]
+mod golden_ops;
+#[cfg(test)]
+mod tests;

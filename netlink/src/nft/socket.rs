@@ -8,17 +8,22 @@ use std::os::fd::AsRawFd;
 
 use netlink_sys::{Socket, protocols::NETLINK_NETFILTER};
 
-use super::codec::{self, *};
+use netlink_packet_core::{
+    ErrorContext, ErrorMessage, NLM_F_ACK_TLVS, NLM_F_CAPPED, NLM_F_DUMP, NLM_F_DUMP_INTR,
+    NetlinkBuffer, NetlinkHeader, NetlinkMessage, NetlinkPayload, NlasIterator, Parseable,
+    parse_string,
+};
+use netlink_packet_netfilter::nftables::NfTablesMessage;
+use netlink_packet_netfilter::none::ControlMessage;
+use netlink_packet_netfilter::{NetfilterMessage, NetfilterMessageInner};
+
+use super::codec::*;
 use super::types::*;
 
-const NLMSG_ERROR: u16 = 2;
-const NLMSG_DONE: u16 = 3;
-const NLM_F_DUMP_INTR: u16 = 0x10;
-const NLM_F_CAPPED: u16 = 0x100;
-const NLM_F_ACK_TLVS: u16 = 0x200;
+/// `NLMSGERR_ATTR_MSG`: the ext-ack message text.
 const NLMSGERR_ATTR_MSG: u16 = 1;
-const NLMSG_HDRLEN: usize = 16;
-const NFGENMSG_LEN: usize = 4;
+/// Size of `struct nlmsghdr`.
+const NETLINK_HEADER_LEN: usize = 16;
 const MIN_SOCKBUF: usize = 8 << 20;
 const RECV_BUF: usize = 1 << 20;
 const DUMP_RETRIES: usize = 5;
@@ -320,60 +325,77 @@ impl fmt::Debug for NftSocket {
     }
 }
 
-/// One received netlink message (header fields and payload after the header).
-struct Msg<'a> {
-    ty: u16,
-    flags: u16,
-    seq: u32,
-    payload: &'a [u8],
+/// One received netlink message: its header and its bytes (header included).
+struct Received<'a> {
+    header: NetlinkHeader,
+    bytes: &'a [u8],
 }
 
-fn split_msgs(b: &[u8]) -> Vec<Msg<'_>> {
+impl Received<'_> {
+    /// The message decoded through netlink-packet-netfilter; `what` names the
+    /// request it answers, for the error.
+    fn decode(&self, what: &str) -> Result<NetlinkPayload<NetfilterMessage>, NftError> {
+        NetlinkMessage::<NetfilterMessage>::deserialize(self.bytes)
+            .context(format!(
+                "netlink message type {:#06x} seq {}",
+                self.header.message_type, self.header.sequence_number
+            ))
+            .map(|m| m.payload)
+            .map_err(|e| NftError::Decode {
+                what: what.to_string(),
+                detail: e.to_string(),
+            })
+    }
+}
+
+/// Split a datagram into its netlink messages (headers only are decoded here, so
+/// that messages of other requests never fail this one).
+fn split_msgs(b: &[u8]) -> Result<Vec<Received<'_>>, NftError> {
     let mut out = Vec::new();
     let mut i = 0;
-    while i + NLMSG_HDRLEN <= b.len() {
-        let len = u32::from_ne_bytes(b[i..i + 4].try_into().unwrap_or_default()) as usize;
-        if len < NLMSG_HDRLEN || i + len > b.len() {
-            break;
-        }
-        out.push(Msg {
-            ty: u16::from_ne_bytes([b[i + 4], b[i + 5]]),
-            flags: u16::from_ne_bytes([b[i + 6], b[i + 7]]),
-            seq: u32::from_ne_bytes(b[i + 8..i + 12].try_into().unwrap_or_default()),
-            payload: &b[i + NLMSG_HDRLEN..i + len],
+    while i < b.len() {
+        let buf = NetlinkBuffer::new_checked(&b[i..])
+            .and_then(|buf| NetlinkHeader::parse(&buf))
+            .context(format!("netlink message at offset {i} of {}", b.len()))
+            .map_err(|e| NftError::Decode {
+                what: "netlink datagram".into(),
+                detail: e.to_string(),
+            })?;
+        let len = buf.length as usize;
+        out.push(Received {
+            header: buf,
+            bytes: &b[i..i + len],
         });
         i += len.div_ceil(4) * 4;
     }
-    out
+    Ok(out)
 }
 
-/// `(positive errno, ext-ack message)` of an NLMSG_ERROR payload.
-fn parse_error(m: &Msg<'_>) -> (i32, Option<String>) {
-    let p = m.payload;
-    let err = p
-        .get(..4)
-        .map(|b| i32::from_ne_bytes(b.try_into().unwrap_or_default()))
-        .unwrap_or(-libc::EIO);
+/// `(positive errno, ext-ack message)` of an `NLMSG_ERROR`. `flags` are the error
+/// message's header flags. The crate keeps everything after the error code (the
+/// original request's header or message, then the ext-ack TLVs) as raw bytes.
+pub(crate) fn error_info(flags: u16, e: &ErrorMessage) -> (i32, Option<String>) {
+    let errno = e.code.map_or(0, |c| -c.get());
     let mut text = None;
-    if m.flags & NLM_F_ACK_TLVS != 0 {
-        let orig_len = if m.flags & NLM_F_CAPPED != 0 {
-            NLMSG_HDRLEN
+    if flags & NLM_F_ACK_TLVS != 0 {
+        let orig_len = if flags & NLM_F_CAPPED != 0 {
+            NETLINK_HEADER_LEN
         } else {
-            p.get(4..8)
-                .map(|b| u32::from_ne_bytes(b.try_into().unwrap_or_default()) as usize)
+            e.header
+                .get(..4)
+                .and_then(|b| b.try_into().ok())
+                .map(|b| u32::from_ne_bytes(b) as usize)
                 .unwrap_or(0)
         };
-        let off = (4 + orig_len).div_ceil(4) * 4;
-        if let Some(tlvs) = p.get(off..) {
-            for (t, v) in codec::attrs(tlvs) {
-                if t == NLMSGERR_ATTR_MSG {
-                    let end = v.iter().position(|&c| c == 0).unwrap_or(v.len());
-                    text = Some(String::from_utf8_lossy(&v[..end]).into_owned());
+        if let Some(tlvs) = e.header.get(orig_len.div_ceil(4) * 4..) {
+            for nla in NlasIterator::new(tlvs).flatten() {
+                if nla.kind() == NLMSGERR_ATTR_MSG {
+                    text = parse_string(nla.value()).ok();
                 }
             }
         }
     }
-    (-err, text)
+    (errno, text)
 }
 
 fn set_int_opt(fd: i32, level: i32, name: i32, value: i32) -> io::Result<()> {
@@ -393,6 +415,101 @@ fn set_int_opt(fd: i32, level: i32, name: i32, value: i32) -> io::Result<()> {
     } else {
         Ok(())
     }
+}
+
+/// A serialized batch: `BATCH_BEGIN`, the ops' messages, `BATCH_END`, in one buffer.
+pub(crate) struct Batch {
+    pub(crate) buf: Vec<u8>,
+    /// `owner[k]` = index of the op whose message has sequence `first_seq + 1 + k`.
+    pub(crate) owner: Vec<usize>,
+    pub(crate) first_seq: u32,
+    pub(crate) end_seq: u32,
+}
+
+/// The netlink messages of one op (several for large element lists).
+fn op_messages(op: &Op, set_id: &mut u32) -> (Family, Vec<NfTablesMessage>) {
+    match op {
+        Op::AddTable { family, name } => (*family, vec![new_table(name)]),
+        Op::DeleteTable { family, name } => (*family, vec![delete_table(name)]),
+        Op::AddChain {
+            family,
+            table,
+            chain,
+        } => (*family, vec![new_chain(table, chain)]),
+        Op::DeleteChain {
+            family,
+            table,
+            name,
+        } => (*family, vec![delete_chain(table, name)]),
+        Op::FlushChain {
+            family,
+            table,
+            name,
+        } => (*family, vec![flush_chain(table, name)]),
+        Op::AddRule {
+            family,
+            table,
+            rule,
+        } => (*family, vec![new_rule(table, rule)]),
+        Op::AddSet { family, table, set } => {
+            *set_id += 1;
+            (*family, vec![new_set(table, set, *set_id)])
+        }
+        Op::DeleteSet {
+            family,
+            table,
+            name,
+        } => (*family, vec![delete_set(table, name)]),
+        Op::AddElements {
+            family,
+            table,
+            set,
+            elements,
+        } => (*family, element_messages(table, set, elements, true)),
+        Op::DeleteElements {
+            family,
+            table,
+            set,
+            elements,
+        } => (*family, element_messages(table, set, elements, false)),
+    }
+}
+
+/// Serialize `ops` as one batch, numbering messages with `next_seq`.
+pub(crate) fn encode_batch(ops: &[Op], next_seq: &mut dyn FnMut() -> u32) -> Batch {
+    let mut buf = Vec::new();
+    let first_seq = next_seq();
+    serialize_into(
+        &mut buf,
+        &batch_marker(ControlMessage::BatchBegin, first_seq),
+    );
+    let mut owner = Vec::with_capacity(ops.len());
+    let mut set_id = 0;
+    for (idx, op) in ops.iter().enumerate() {
+        let (family, msgs) = op_messages(op, &mut set_id);
+        for m in msgs {
+            let flags = batch_flags(&m);
+            owner.push(idx);
+            let msg = nft_request(family.nfproto(), 0, flags, next_seq(), m);
+            serialize_into(&mut buf, &msg);
+        }
+    }
+    let end_seq = next_seq();
+    serialize_into(&mut buf, &batch_marker(ControlMessage::BatchEnd, end_seq));
+    Batch {
+        buf,
+        owner,
+        first_seq,
+        end_seq,
+    }
+}
+
+/// What one reply of a request carried.
+enum Reply {
+    /// An nf_tables message.
+    Msg(Box<NfTablesMessage>),
+    /// The end of the replies (`NLMSG_DONE`, or an ack).
+    End,
 }
 
 impl NftSocket {
@@ -475,139 +592,22 @@ impl NftSocket {
         if ops.is_empty() {
             return Ok(());
         }
-        let mut w = Writer::default();
-        let first_seq = self.next_seq();
-        let p = w.msg_start(
-            NFNL_MSG_BATCH_BEGIN,
-            NLM_F_REQUEST,
+        let Batch {
+            buf,
+            owner,
             first_seq,
-            0,
-            NFNL_SUBSYS_NFTABLES,
-        );
-        w.msg_end(p);
-        // owner[k] = op index of the message with seq first_seq + 1 + k
-        let mut owner: Vec<usize> = Vec::with_capacity(ops.len());
-        let mut set_id: u32 = 0;
-        for (idx, op) in ops.iter().enumerate() {
-            let mut msg = |w: &mut Writer,
-                           ty: u16,
-                           flags: u16,
-                           family: Family,
-                           body: &dyn Fn(&mut Writer)| {
-                let seq = self.next_seq();
-                owner.push(idx);
-                let p = w.msg_start(
-                    nft_type(ty),
-                    NLM_F_REQUEST | flags,
-                    seq,
-                    family.nfproto(),
-                    0,
-                );
-                body(w);
-                w.msg_end(p);
-            };
-            match op {
-                Op::AddTable { family, name } => {
-                    msg(&mut w, NFT_MSG_NEWTABLE, NLM_F_CREATE, *family, &|w| {
-                        encode_table(w, name)
-                    })
-                }
-                Op::DeleteTable { family, name } => {
-                    msg(&mut w, NFT_MSG_DELTABLE, 0, *family, &|w| {
-                        encode_table_name(w, name)
-                    })
-                }
-                Op::AddChain {
-                    family,
-                    table,
-                    chain,
-                } => msg(&mut w, NFT_MSG_NEWCHAIN, NLM_F_CREATE, *family, &|w| {
-                    encode_chain(w, table, chain)
-                }),
-                Op::DeleteChain {
-                    family,
-                    table,
-                    name,
-                } => msg(&mut w, NFT_MSG_DELCHAIN, 0, *family, &|w| {
-                    encode_chain_ref(w, table, name)
-                }),
-                Op::FlushChain {
-                    family,
-                    table,
-                    name,
-                } => msg(&mut w, NFT_MSG_DELRULE, 0, *family, &|w| {
-                    encode_flush_chain(w, table, name)
-                }),
-                Op::AddRule {
-                    family,
-                    table,
-                    rule,
-                } => msg(
-                    &mut w,
-                    NFT_MSG_NEWRULE,
-                    NLM_F_CREATE | NLM_F_APPEND,
-                    *family,
-                    &|w| encode_rule(w, table, rule),
-                ),
-                Op::AddSet { family, table, set } => {
-                    set_id += 1;
-                    let id = set_id;
-                    msg(&mut w, NFT_MSG_NEWSET, NLM_F_CREATE, *family, &|w| {
-                        encode_set(w, table, set, id)
-                    })
-                }
-                Op::DeleteSet {
-                    family,
-                    table,
-                    name,
-                } => msg(&mut w, NFT_MSG_DELSET, 0, *family, &|w| {
-                    encode_set_ref(w, table, name)
-                }),
-                Op::AddElements {
-                    family,
-                    table,
-                    set,
-                    elements,
-                } => {
-                    for chunk in element_chunks(elements, true) {
-                        msg(&mut w, NFT_MSG_NEWSETELEM, NLM_F_CREATE, *family, &|w| {
-                            encode_elem_list(w, table, set, &chunk)
-                        });
-                    }
-                }
-                Op::DeleteElements {
-                    family,
-                    table,
-                    set,
-                    elements,
-                } => {
-                    for chunk in element_chunks(elements, false) {
-                        msg(&mut w, NFT_MSG_DELSETELEM, 0, *family, &|w| {
-                            encode_elem_list(w, table, set, &chunk)
-                        });
-                    }
-                }
-            }
-        }
-        let end_seq = self.next_seq();
-        let p = w.msg_start(
-            NFNL_MSG_BATCH_END,
-            NLM_F_REQUEST,
             end_seq,
-            0,
-            NFNL_SUBSYS_NFTABLES,
-        );
-        w.msg_end(p);
+        } = encode_batch(ops, &mut || self.next_seq());
 
-        self.ensure_bufsize(w.buf.len().saturating_mul(2))?;
+        self.ensure_bufsize(buf.len().saturating_mul(2))?;
         let count = owner.len() + 2;
         tracing::debug!(
             ops = ops.len(),
             messages = count,
-            bytes = w.buf.len(),
+            bytes = buf.len(),
             "sending nf_tables batch"
         );
-        self.send(&w.buf, count)?;
+        self.send(&buf, count)?;
 
         // Fence: the GETGEN reply arrives after every error the batch produced.
         let fence = self.send_getgen()?;
@@ -615,28 +615,37 @@ impl NftSocket {
         loop {
             self.recv()?;
             let mut done = false;
-            for m in split_msgs(&self.rbuf) {
-                if m.ty == NLMSG_ERROR {
-                    let (errno, text) = parse_error(&m);
-                    if errno == 0 {
-                        continue;
-                    }
-                    if m.seq == fence {
-                        return Err(NftError::Dump {
-                            what: "generation".into(),
-                            errno,
-                        });
-                    }
-                    let off = m.seq.wrapping_sub(first_seq);
-                    if off <= end_seq.wrapping_sub(first_seq)
-                        && first_err
+            for m in split_msgs(&self.rbuf)? {
+                let seq = m.header.sequence_number;
+                let off = seq.wrapping_sub(first_seq);
+                let ours = off <= end_seq.wrapping_sub(first_seq);
+                if seq != fence && !ours {
+                    continue;
+                }
+                match m.decode("batch reply")? {
+                    NetlinkPayload::Error(e) => {
+                        let (errno, text) = error_info(m.header.flags, &e);
+                        if errno == 0 {
+                            continue;
+                        }
+                        if seq == fence {
+                            return Err(NftError::Dump {
+                                what: "generation".into(),
+                                errno,
+                            });
+                        }
+                        if first_err
                             .as_ref()
                             .is_none_or(|(s, _, _)| off < s.wrapping_sub(first_seq))
-                    {
-                        first_err = Some((m.seq, errno, text));
+                        {
+                            first_err = Some((seq, errno, text));
+                        }
                     }
-                } else if m.seq == fence && m.ty == nft_type(NFT_MSG_NEWGEN) {
-                    done = true;
+                    NetlinkPayload::InnerMessage(NetfilterMessage {
+                        inner: NetfilterMessageInner::NfTables(NfTablesMessage::NewGen(_)),
+                        ..
+                    }) if seq == fence => done = true,
+                    _ => {}
                 }
             }
             if done {
@@ -665,10 +674,9 @@ impl NftSocket {
 
     fn send_getgen(&mut self) -> Result<u32, NftError> {
         let seq = self.next_seq();
-        let mut w = Writer::default();
-        let p = w.msg_start(nft_type(NFT_MSG_GETGEN), NLM_F_REQUEST, seq, 0, 0);
-        w.msg_end(p);
-        self.send(&w.buf, 1)?;
+        let mut buf = Vec::new();
+        serialize_into(&mut buf, &nft_request(0, 0, 0, seq, get_gen()));
+        self.send(&buf, 1)?;
         Ok(seq)
     }
 
@@ -677,80 +685,85 @@ impl NftSocket {
         let seq = self.send_getgen()?;
         loop {
             self.recv()?;
-            for m in split_msgs(&self.rbuf) {
-                if m.seq != seq {
+            for m in split_msgs(&self.rbuf)? {
+                if m.header.sequence_number != seq {
                     continue;
                 }
-                if m.ty == NLMSG_ERROR {
-                    let (errno, _) = parse_error(&m);
-                    return Err(NftError::Dump {
-                        what: "generation".into(),
-                        errno,
-                    });
-                }
-                if m.ty == nft_type(NFT_MSG_NEWGEN) {
-                    return m
-                        .payload
-                        .get(NFGENMSG_LEN..)
-                        .and_then(parse_gen)
-                        .ok_or_else(|| NftError::Decode {
+                match m.decode("generation")? {
+                    NetlinkPayload::Error(e) => {
+                        let (errno, _) = error_info(m.header.flags, &e);
+                        return Err(NftError::Dump {
+                            what: "generation".into(),
+                            errno,
+                        });
+                    }
+                    NetlinkPayload::InnerMessage(NetfilterMessage {
+                        inner: NetfilterMessageInner::NfTables(NfTablesMessage::NewGen(g)),
+                        ..
+                    }) => {
+                        return parse_gen(&g).ok_or_else(|| NftError::Decode {
                             what: "generation".into(),
                             detail: "no NFTA_GEN_ID".into(),
                         });
+                    }
+                    _ => {}
                 }
             }
         }
     }
 
-    /// Send a request and collect the payloads (after `nfgenmsg`) of its replies.
-    /// Dumps are retried when interrupted by a concurrent ruleset change.
+    /// Send a request and collect the nf_tables messages of its replies. Dumps are
+    /// retried when interrupted by a concurrent ruleset change.
     fn request(
         &mut self,
         what: &str,
-        msg: u16,
-        flags: u16,
         family: Family,
-        body: &dyn Fn(&mut Writer),
-    ) -> Result<Vec<Vec<u8>>, NftError> {
+        msg: &NfTablesMessage,
+    ) -> Result<Vec<NfTablesMessage>, NftError> {
+        let flags = batch_flags(msg);
+        let is_dump = flags & NLM_F_DUMP != 0;
         for _ in 0..DUMP_RETRIES {
             let seq = self.next_seq();
-            let mut w = Writer::default();
-            let p = w.msg_start(
-                nft_type(msg),
-                NLM_F_REQUEST | flags,
-                seq,
-                family.nfproto(),
-                0,
+            let mut buf = Vec::new();
+            serialize_into(
+                &mut buf,
+                &nft_request(family.nfproto(), 0, flags, seq, msg.clone()),
             );
-            body(&mut w);
-            w.msg_end(p);
-            self.send(&w.buf, 1)?;
+            self.send(&buf, 1)?;
             let mut out = Vec::new();
             let mut interrupted = false;
-            let is_dump = flags & NLM_F_DUMP != 0;
             'recv: loop {
                 self.recv()?;
-                for m in split_msgs(&self.rbuf) {
-                    if m.seq != seq {
+                for m in split_msgs(&self.rbuf)? {
+                    if m.header.sequence_number != seq {
                         continue;
                     }
-                    if m.flags & NLM_F_DUMP_INTR != 0 {
+                    if m.header.flags & NLM_F_DUMP_INTR != 0 {
                         interrupted = true;
                     }
-                    match m.ty {
-                        NLMSG_DONE => break 'recv,
-                        NLMSG_ERROR => {
-                            let (errno, _) = parse_error(&m);
-                            if errno == 0 {
-                                break 'recv;
+                    let reply = match m.decode(what)? {
+                        NetlinkPayload::Done(_) => Reply::End,
+                        NetlinkPayload::Error(e) => {
+                            let (errno, _) = error_info(m.header.flags, &e);
+                            if errno != 0 {
+                                return Err(NftError::Dump {
+                                    what: what.to_string(),
+                                    errno,
+                                });
                             }
-                            return Err(NftError::Dump {
-                                what: what.to_string(),
-                                errno,
-                            });
+                            Reply::End
                         }
-                        _ => {
-                            out.push(m.payload.get(NFGENMSG_LEN..).unwrap_or_default().to_vec());
+                        NetlinkPayload::InnerMessage(NetfilterMessage {
+                            inner: NetfilterMessageInner::NfTables(t),
+                            ..
+                        }) => Reply::Msg(Box::new(t)),
+                        // Noop, overrun or another subsystem: nothing for us.
+                        _ => continue,
+                    };
+                    match reply {
+                        Reply::End => break 'recv,
+                        Reply::Msg(t) => {
+                            out.push(*t);
                             if !is_dump {
                                 break 'recv;
                             }
@@ -776,14 +789,13 @@ impl NftSocket {
         family: Family,
         table: &str,
     ) -> Result<Option<TableState>, NftError> {
-        match self.request("table", NFT_MSG_GETTABLE, 0, family, &|w| {
-            encode_table_name(w, table)
-        }) {
+        match self.request("table", family, &get_table(table)) {
             Ok(msgs) => {
-                if !msgs
-                    .iter()
-                    .any(|m| parse_table_name(m).as_deref() == Some(table))
-                {
+                let found = msgs.iter().any(|m| match m {
+                    NfTablesMessage::NewTable(t) => parse_table_name(t) == Some(table),
+                    _ => false,
+                });
+                if !found {
                     return Ok(None);
                 }
             }
@@ -792,22 +804,20 @@ impl NftSocket {
         }
         let mut state = TableState::default();
 
-        let chains = self.request("chains", NFT_MSG_GETCHAIN, NLM_F_DUMP, family, &|w| {
-            encode_chain_ref_table(w, table)
-        })?;
-        state.chains.extend(
-            chains
-                .iter()
-                .filter_map(|m| parse_chain(m))
-                .filter(|(t, _)| t == table)
-                .map(|(_, c)| c),
-        );
+        for m in self.request("chains", family, &get_chains(table))? {
+            if let NfTablesMessage::NewChain(c) = m
+                && let Some((t, chain)) = parse_chain(&c)
+                && t == table
+            {
+                state.chains.push(chain);
+            }
+        }
 
-        let sets = self.request("sets", NFT_MSG_GETSET, NLM_F_DUMP, family, &|w| {
-            encode_set_table(w, table)
-        })?;
-        for m in &sets {
-            match parse_set(m) {
+        for m in self.request("sets", family, &get_sets(table))? {
+            let NfTablesMessage::NewSet(s) = m else {
+                continue;
+            };
+            match parse_set(&s) {
                 Some(ParsedSet::Set(t, s)) if t == table => state.sets.push(s),
                 Some(ParsedSet::BadKey(name, ktype, klen)) => {
                     return Err(NftError::Decode {
@@ -822,15 +832,15 @@ impl NftSocket {
         for s in &state.sets {
             let msgs = self.request(
                 &format!("elements of {}", s.name),
-                NFT_MSG_GETSETELEM,
-                NLM_F_DUMP,
                 family,
-                &|w| encode_elem_list_ref(w, table, &s.name),
+                &get_elements(table, &s.name),
             )?;
             let mut elems = Vec::new();
             let mut skipped = 0;
             for m in &msgs {
-                skipped += parse_elements(m, &s.key, &mut elems);
+                if let NfTablesMessage::NewSetElement(e) = m {
+                    skipped += parse_elements(e, &s.key, &mut elems);
+                }
             }
             if skipped > 0 {
                 tracing::warn!(set = %s.name, skipped, "undecodable set elements in dump");
@@ -838,11 +848,11 @@ impl NftSocket {
             state.elements.insert(s.name.clone(), elems);
         }
 
-        let rules = self.request("rules", NFT_MSG_GETRULE, NLM_F_DUMP, family, &|w| {
-            encode_flush_chain_table(w, table)
-        })?;
-        for m in &rules {
-            if let Some(r) = parse_rule(m) {
+        for m in self.request("rules", family, &get_rules(table))? {
+            let NfTablesMessage::NewRule(r) = m else {
+                continue;
+            };
+            if let Some(r) = parse_rule(&r) {
                 if r.table != table {
                     continue;
                 }
