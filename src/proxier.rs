@@ -12,7 +12,9 @@ use crate::mode::nftables::{
     LocalDetector, NftablesOptions, NodePortAddresses, TableSpec, desired_tables, table_summary,
 };
 use crate::model::{BuildOptions, ClusterState, build};
-use crate::source::file;
+use crate::source::file::{self, FileSource};
+use crate::source::{ObjectSource, Objects};
+use crate::sync::runner::{BoundedFrequencyRunner, RunReason};
 use crate::sync::{NetlinkDataplane, SyncError, Syncer};
 
 /// Errors that end a command.
@@ -30,6 +32,9 @@ pub enum ProxierError {
     /// `--once`: the kernel does not match after the sync.
     #[error("the kernel does not match the desired state after the sync: {0}")]
     Mismatch(String),
+    /// The source stopped delivering updates.
+    #[error("the object source ended")]
+    SourceEnded,
     /// Listing local addresses for `--nodeport-addresses` failed.
     #[error("listing local addresses for --nodeport-addresses failed: {0}")]
     Addresses(String),
@@ -56,14 +61,10 @@ fn file_path(cfg: &Config) -> Result<PathBuf, ProxierError> {
     }
 }
 
-/// Reads the manifests and builds the cluster state, logging every warning.
-fn load_state(cfg: &Config, path: &Path) -> Result<ClusterState, ProxierError> {
-    let (objects, source_warnings) = file::load_path(path)?;
-    for w in &source_warnings {
-        tracing::warn!("{w}");
-    }
+/// Builds the cluster state, logging every object or field that was skipped.
+fn build_state(cfg: &Config, objects: &Objects) -> ClusterState {
     let (state, warnings) = build(
-        &objects,
+        objects,
         &BuildOptions {
             node_name: node_name(cfg),
             node_ips_override: cfg.node_ips.clone(),
@@ -72,7 +73,7 @@ fn load_state(cfg: &Config, path: &Path) -> Result<ClusterState, ProxierError> {
     for w in &warnings {
         tracing::warn!("skipped: {w}");
     }
-    Ok(state)
+    state
 }
 
 /// Resolves the flags that depend on the node into the mode's options.
@@ -142,8 +143,8 @@ fn nodeport_ips_in(cidrs: &[IpNet]) -> Result<NodePortAddresses, ProxierError> {
     Ok(NodePortAddresses::Ips(ips))
 }
 
-fn desired(cfg: &Config, path: &Path) -> Result<Vec<TableSpec>, ProxierError> {
-    let state = load_state(cfg, path)?;
+fn desired(cfg: &Config, objects: &Objects) -> Result<Vec<TableSpec>, ProxierError> {
+    let state = build_state(cfg, objects);
     let opts = nftables_options(cfg, &state)?;
     let tables = desired_tables(&state, &opts);
     for conflict in tables.iter().flat_map(|t| &t.conflicts) {
@@ -155,7 +156,11 @@ fn desired(cfg: &Config, path: &Path) -> Result<Vec<TableSpec>, ProxierError> {
 /// `kube-nlproxy plan`: print what a sync would send.
 pub fn plan(cfg: &Config) -> Result<(), ProxierError> {
     let path = file_path(cfg)?;
-    let tables = desired(cfg, &path)?;
+    let (objects, source_warnings) = file::load_path(&path)?;
+    for w in &source_warnings {
+        tracing::warn!("{w}");
+    }
+    let tables = desired(cfg, &objects)?;
     let mut syncer = Syncer::new(NetlinkDataplane::new()?);
     let ops = syncer.plan(&tables)?;
     for op in &ops {
@@ -176,14 +181,27 @@ pub fn cleanup() -> Result<(), ProxierError> {
     Ok(())
 }
 
-/// One sync: build, diff, apply; logs what was sent.
+/// One sync of the manifests at `path` (for `--once`).
 fn sync_once(
     cfg: &Config,
     path: &Path,
     syncer: &mut Syncer<NetlinkDataplane>,
 ) -> Result<Vec<TableSpec>, ProxierError> {
+    let (objects, source_warnings) = file::load_path(path)?;
+    for w in &source_warnings {
+        tracing::warn!("{w}");
+    }
+    sync_objects(cfg, &objects, syncer)
+}
+
+/// One sync: build, diff, apply; logs what was sent.
+fn sync_objects(
+    cfg: &Config,
+    objects: &Objects,
+    syncer: &mut Syncer<NetlinkDataplane>,
+) -> Result<Vec<TableSpec>, ProxierError> {
     let started = Instant::now();
-    let tables = desired(cfg, path)?;
+    let tables = desired(cfg, objects)?;
     let outcome = syncer.sync(&tables)?;
     let elapsed = started.elapsed();
     if outcome.ops.is_empty() {
@@ -217,32 +235,36 @@ pub async fn run(cfg: &Config) -> Result<(), ProxierError> {
     }
 
     let poll = Duration::from_millis(200).min(cfg.min_sync_period.max(Duration::from_millis(50)));
-    let mut last_seen = None;
-    let mut pending = true;
-    let mut last_sync: Option<Instant> = None;
-    let mut last_full = Instant::now();
+    let source = FileSource::start(path, poll)?;
+    let mut changes = source.subscribe();
+    let mut runner = BoundedFrequencyRunner::new(
+        cfg.min_sync_period,
+        cfg.sync_period,
+        cfg.min_sync_period.max(Duration::from_secs(1)),
+    );
     let mut terminate = std::pin::pin!(shutdown_signal());
     loop {
-        let seen = file::fingerprint(&path).ok();
-        if seen != last_seen {
-            last_seen = seen;
-            pending = true;
-        }
-        if last_full.elapsed() >= cfg.sync_period {
-            syncer.request_full_sync();
-            last_full = Instant::now();
-            pending = true;
-        }
-        let rate_ok = last_sync.is_none_or(|t| t.elapsed() >= cfg.min_sync_period);
-        if pending && rate_ok {
-            last_sync = Some(Instant::now());
-            match sync_once(cfg, &path, &mut syncer) {
-                Ok(_) => pending = false,
-                Err(e) => tracing::error!("sync failed, retrying with a full sync: {e}"),
+        let now = tokio::time::Instant::now();
+        if let Some(reason) = runner.due(now) {
+            if reason == RunReason::Periodic {
+                // Read the kernel back: repairs drift nobody told us about.
+                syncer.request_full_sync();
             }
+            let result = sync_objects(cfg, &source.snapshot(), &mut syncer);
+            if let Err(e) = &result {
+                tracing::error!("sync failed, retrying with a full sync: {e}");
+            }
+            runner.ran(now, result.is_ok());
+            continue;
         }
         tokio::select! {
-            _ = tokio::time::sleep(poll) => {}
+            changed = changes.changed() => {
+                if changed.is_err() {
+                    return Err(ProxierError::SourceEnded);
+                }
+                runner.request();
+            }
+            _ = tokio::time::sleep_until(runner.next_deadline(now)) => {}
             _ = &mut terminate => {
                 tracing::info!("terminating; the dataplane stays as it is");
                 return Ok(());
@@ -250,7 +272,6 @@ pub async fn run(cfg: &Config) -> Result<(), ProxierError> {
         }
     }
 }
-
 async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};
     match signal(SignalKind::terminate()) {

@@ -225,6 +225,67 @@ pub fn fingerprint(path: &Path) -> std::io::Result<Vec<(PathBuf, SystemTime, u64
     Ok(out)
 }
 
+/// The file source as an event source: a task polls the path, reloads it when it
+/// changes, logs the warnings of each new load once, and bumps the generation.
+#[derive(Debug, Clone)]
+pub struct FileSource {
+    objects: std::sync::Arc<std::sync::Mutex<Objects>>,
+    generation: tokio::sync::watch::Receiver<u64>,
+}
+
+impl FileSource {
+    /// Loads `path` once (an unreadable path is an error), then follows it every
+    /// `poll` on the current tokio runtime.
+    pub fn start(path: PathBuf, poll: std::time::Duration) -> Result<FileSource, FileSourceError> {
+        let mut seen = fingerprint(&path).ok();
+        let (objects, warnings) = load_path(&path)?;
+        for w in &warnings {
+            tracing::warn!("{w}");
+        }
+        let objects = std::sync::Arc::new(std::sync::Mutex::new(objects));
+        let (tx, rx) = tokio::sync::watch::channel(1u64);
+        let shared = objects.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(poll).await;
+                let now = fingerprint(&path).ok();
+                if now == seen {
+                    continue;
+                }
+                match load_path(&path) {
+                    Ok((o, warnings)) => {
+                        for w in &warnings {
+                            tracing::warn!("{w}");
+                        }
+                        *shared.lock().expect("file source lock") = o;
+                        seen = now;
+                        if tx.is_closed() {
+                            return;
+                        }
+                        tx.send_modify(|generation| *generation += 1);
+                    }
+                    // Keep the last good objects; try again next poll.
+                    Err(e) => tracing::warn!("reloading {}: {e}", path.display()),
+                }
+            }
+        });
+        Ok(FileSource {
+            objects,
+            generation: rx,
+        })
+    }
+}
+
+impl super::ObjectSource for FileSource {
+    fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.generation.clone()
+    }
+
+    fn snapshot(&self) -> Objects {
+        self.objects.lock().expect("file source lock").clone()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

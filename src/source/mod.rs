@@ -28,3 +28,12 @@ impl Objects {
         self.service_cidrs.extend(other.service_cidrs);
     }
 }
+
+/// A source of cluster objects, as the sync loop sees it.
+pub trait ObjectSource {
+    /// A generation counter: 0 while the initial state is still loading, then bumped
+    /// whenever the objects change.
+    fn subscribe(&self) -> tokio::sync::watch::Receiver<u64>;
+    /// The objects now.
+    fn snapshot(&self) -> Objects;
+}

@@ -7,6 +7,7 @@
 
 pub mod diff;
 pub mod fake;
+pub mod runner;
 
 use std::collections::BTreeMap;
 
