@@ -190,6 +190,7 @@ fn bench(n: usize) {
             masquerade_all: false,
             local_detector: LocalDetector::Cidrs(vec!["10.128.0.0/9".parse().unwrap()]),
             nodeport_addresses: NodePortAddresses::Ips(vec!["10.77.0.1".parse().unwrap()]),
+            masquerade_mark: 0x4000,
         };
         let started = Instant::now();
         let desired = desired_tables(&state(n, None), &opts);

@@ -29,6 +29,9 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
+    for w in &cfg.warnings {
+        tracing::warn!("config file: {w}");
+    }
 
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()

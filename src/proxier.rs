@@ -125,6 +125,7 @@ fn nftables_options(cfg: &Config, state: &ClusterState) -> Result<NftablesOption
         masquerade_all: cfg.masquerade_all,
         local_detector,
         nodeport_addresses,
+        masquerade_mark: 1 << cfg.masquerade_bit,
     })
 }
 
@@ -234,6 +235,10 @@ pub async fn run(cfg: &Config) -> Result<(), ProxierError> {
         return Ok(());
     }
 
+    crate::config::host::apply_conntrack(&cfg.conntrack);
+    if let Some(adj) = cfg.oom_score_adj {
+        crate::config::host::apply_oom_score_adj(adj);
+    }
     let poll = Duration::from_millis(200).min(cfg.min_sync_period.max(Duration::from_millis(50)));
     let source = FileSource::start(path, poll)?;
     let mut changes = source.subscribe();

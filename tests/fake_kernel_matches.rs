@@ -128,6 +128,7 @@ fn kernel_and_fake_end_in_the_same_state() {
             masquerade_all: false,
             local_detector: LocalDetector::Cidrs(vec!["10.244.0.0/16".parse().unwrap()]),
             nodeport_addresses: NodePortAddresses::Ips(vec![ip("10.77.0.1"), ip("fd77::1")]),
+            masquerade_mark: 0x4000,
         };
         let steps = [
             state(&[(1, 1, 2, false), (2, 3, 1, false), (3, 1, 1, true)]),
@@ -180,6 +181,7 @@ fn both_reject_a_bad_transaction_and_keep_nothing_of_it() {
             masquerade_all: false,
             local_detector: LocalDetector::None,
             nodeport_addresses: NodePortAddresses::All,
+            masquerade_mark: 0x4000,
         };
         let desired = desired_tables(&state(&[(1, 1, 2, false)]), &opts);
         let mut kernel = NetlinkDataplane::new().unwrap();

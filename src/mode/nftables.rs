@@ -23,7 +23,7 @@ use kube_nlproxy_netlink::nft::{
     Verdict,
 };
 
-use crate::mode::rules::{KeyField, MASQUERADE_MARK, RuleBuilder};
+use crate::mode::rules::{KeyField, RuleBuilder};
 use crate::model::{
     ClusterState, Endpoint, IpFamily, ServicePort, ServicePortName, categorize_endpoints,
 };
@@ -82,6 +82,8 @@ pub struct NftablesOptions {
     pub local_detector: LocalDetector,
     /// `--nodeport-addresses` resolved
     pub nodeport_addresses: NodePortAddresses,
+    /// The packet-mark bit asking for masquerade (`1 << masqueradeBit`, 0x4000).
+    pub masquerade_mark: u32,
 }
 
 /// A chain with the rules it should hold, in order.
@@ -339,14 +341,18 @@ fn skeleton(
     );
 
     let b = || RuleBuilder::new(family);
-    t.rule(MARK_FOR_MASQUERADE, b().mark_set_or(MASQUERADE_MARK), None);
+    t.rule(
+        MARK_FOR_MASQUERADE,
+        b().mark_set_or(opts.masquerade_mark),
+        None,
+    );
     t.rule(
         MASQUERADING,
-        b().mark_bits_clear(MASQUERADE_MARK)
+        b().mark_bits_clear(opts.masquerade_mark)
             .verdict(Verdict::Return),
         None,
     );
-    t.rule(MASQUERADING, b().mark_set_xor(MASQUERADE_MARK), None);
+    t.rule(MASQUERADING, b().mark_set_xor(opts.masquerade_mark), None);
     t.rule(MASQUERADING, b().masquerade_fully_random(), None);
     t.rule(REJECT_CHAIN, b().reject(), None);
 

@@ -9,9 +9,6 @@ use kube_nlproxy_netlink::nft::{
     Reg, RejectKind, Rule, Verdict,
 };
 
-/// The masquerade bit in the packet mark (kube-proxy's default `masqueradeBit` 14).
-pub const MASQUERADE_MARK: u32 = 0x4000;
-
 /// `ct state new` bit (`NF_CT_STATE_BIT(IP_CT_NEW)`).
 const CT_STATE_NEW: u32 = 1 << 3;
 

@@ -70,6 +70,7 @@ fn table(svc: ServicePort, endpoints: Vec<Endpoint>) -> TableSpec {
         masquerade_all: false,
         local_detector: LocalDetector::Cidrs(vec!["10.244.0.0/16".parse().unwrap()]),
         nodeport_addresses: NodePortAddresses::Ips(vec![ip("10.77.0.1")]),
+        masquerade_mark: 0x4000,
     };
     desired_table(&state, &opts, IpFamily::V4)
 }
@@ -239,6 +240,7 @@ fn two_services_on_one_address_keep_the_first_and_report_it() {
         masquerade_all: true,
         local_detector: LocalDetector::None,
         nodeport_addresses: NodePortAddresses::All,
+        masquerade_mark: 0x4000,
     };
     let t = desired_table(&state, &opts, IpFamily::V4);
     assert_eq!(t.conflicts.len(), 2, "{:?}", t.conflicts); // external IP and node port

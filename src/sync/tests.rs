@@ -162,6 +162,7 @@ fn opts() -> NftablesOptions {
             "fd00:f4::/32".parse().unwrap(),
         ]),
         nodeport_addresses: NodePortAddresses::Ips(vec![addr(false, 77, 1), addr(true, 77, 1)]),
+        masquerade_mark: 0x4000,
     }
 }
 

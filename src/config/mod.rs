@@ -1,7 +1,11 @@
 //! Command line, with kube-proxy's flag names and defaults.
 //!
 //! Flags take `--name value` or `--name=value`; booleans take `--name` or
-//! `--name=true|false`.
+//! `--name=true|false`. `--config FILE` loads a `KubeProxyConfiguration` first;
+//! flags given on the command line override it.
+
+pub mod file;
+pub mod host;
 
 use std::net::IpAddr;
 use std::path::PathBuf;
@@ -104,6 +108,22 @@ pub struct Config {
     pub metrics_bind_address: String,
     /// `-v` / `--v` log verbosity (0..)
     pub verbosity: u8,
+    /// `--config`
+    pub config_file: Option<PathBuf>,
+    /// `masqueradeBit` (14): the packet-mark bit that asks for masquerade.
+    pub masquerade_bit: u8,
+    /// `--ipvs-scheduler` (`rr`)
+    pub ipvs_scheduler: String,
+    /// `--ipvs-strict-arp`
+    pub ipvs_strict_arp: bool,
+    /// `ipvs.tcpTimeout`, `tcpFinTimeout`, `udpTimeout` (0 = leave as is)
+    pub ipvs_timeouts: [Duration; 3],
+    /// The `conntrack` block.
+    pub conntrack: host::ConntrackSettings,
+    /// `--oom-score-adj` (-999)
+    pub oom_score_adj: Option<i32>,
+    /// Problems found in the configuration file, logged once logging is up.
+    pub warnings: Vec<String>,
 }
 
 impl Default for Config {
@@ -128,6 +148,14 @@ impl Default for Config {
             healthz_bind_address: "0.0.0.0:10256".into(),
             metrics_bind_address: "127.0.0.1:10249".into(),
             verbosity: 0,
+            config_file: None,
+            masquerade_bit: 14,
+            ipvs_scheduler: "rr".into(),
+            ipvs_strict_arp: false,
+            ipvs_timeouts: [Duration::ZERO; 3],
+            conntrack: host::ConntrackSettings::default(),
+            oom_score_adj: Some(-999),
+            warnings: Vec::new(),
         }
     }
 }
@@ -154,6 +182,14 @@ pub enum ConfigError {
     /// `--help`
     #[error("help requested")]
     Help,
+    /// `--config FILE` could not be used.
+    #[error("--config {path}: {reason}")]
+    ConfigFile {
+        /// the file
+        path: String,
+        /// why
+        reason: String,
+    },
 }
 
 /// Usage text.
@@ -181,6 +217,15 @@ FLAGS (kube-proxy names):
   --once                          sync once; exit 0 only if the kernel then matches
   --kubeconfig FILE, --master URL API server access (kube source)
   --healthz-bind-address, --metrics-bind-address   (accepted; servers come with the kube source)
+  --config FILE                   KubeProxyConfiguration (kubeproxy.config.k8s.io/v1alpha1);
+                                  flags override it
+  --masquerade-bit N              mark bit for masquerade (default 14)
+  --ipvs-scheduler NAME           rr|wrr|lc|wlc|lblc|lblcr|sh|dh|sed|nq|mh (default rr)
+  --ipvs-strict-arp               arp_ignore=1, arp_announce=2
+  --conntrack-max-per-core N, --conntrack-min N, --conntrack-tcp-timeout-established D,
+  --conntrack-tcp-timeout-close-wait D, --conntrack-tcp-be-liberal,
+  --conntrack-udp-timeout D, --conntrack-udp-timeout-stream D
+  --oom-score-adj N               (default -999)
   -v, --v N                       log verbosity
 ";
 
@@ -248,14 +293,46 @@ fn parse_bool(flag: &str, value: &str) -> Result<bool, ConfigError> {
     }
 }
 
+/// The value of `--config`, looked up before the other flags so they can override
+/// the file.
+fn config_file_arg(args: &[String]) -> Option<String> {
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        if a == "--config" {
+            return it.next().cloned();
+        }
+        if let Some(v) = a.strip_prefix("--config=") {
+            return Some(v.to_string());
+        }
+    }
+    None
+}
+
 /// Parses `args` (without the program name).
 pub fn parse_args<I, S>(args: I) -> Result<Config, ConfigError>
 where
     I: IntoIterator<Item = S>,
     S: Into<String>,
 {
-    let mut cfg = Config::default();
-    let mut args = args.into_iter().map(Into::into).peekable();
+    let args: Vec<String> = args.into_iter().map(Into::into).collect();
+    let mut cfg = match config_file_arg(&args) {
+        Some(path) => {
+            let text = std::fs::read_to_string(&path).map_err(|e| ConfigError::ConfigFile {
+                path: path.clone(),
+                reason: e.to_string(),
+            })?;
+            let mut cfg = file::apply(&text, Config::default()).map_err(|reason| {
+                ConfigError::ConfigFile {
+                    path: path.clone(),
+                    reason,
+                }
+            })?;
+            cfg.config_file = Some(PathBuf::from(path));
+            cfg
+        }
+        None => Config::default(),
+    };
+    let mut args = args.into_iter().peekable();
     let mut first = true;
     while let Some(arg) = args.next() {
         if first && !arg.starts_with('-') {
@@ -273,7 +350,15 @@ where
             Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
             _ => (arg.clone(), None),
         };
-        const BOOLS: &[&str] = &["--masquerade-all", "--once", "--cleanup", "--help", "-h"];
+        const BOOLS: &[&str] = &[
+            "--masquerade-all",
+            "--once",
+            "--cleanup",
+            "--ipvs-strict-arp",
+            "--conntrack-tcp-be-liberal",
+            "--help",
+            "-h",
+        ];
         if BOOLS.contains(&flag.as_str()) {
             let on = match &inline {
                 Some(v) => parse_bool(&flag, v)?,
@@ -282,6 +367,8 @@ where
             match flag.as_str() {
                 "--masquerade-all" => cfg.masquerade_all = on,
                 "--once" => cfg.once = on,
+                "--ipvs-strict-arp" => cfg.ipvs_strict_arp = on,
+                "--conntrack-tcp-be-liberal" => cfg.conntrack.tcp_be_liberal = on,
                 "--cleanup" => {
                     if on {
                         cfg.command = Command::Cleanup
@@ -310,6 +397,16 @@ where
             "--metrics-bind-address",
             "-v",
             "--v",
+            "--config",
+            "--masquerade-bit",
+            "--ipvs-scheduler",
+            "--conntrack-max-per-core",
+            "--conntrack-min",
+            "--conntrack-tcp-timeout-established",
+            "--conntrack-tcp-timeout-close-wait",
+            "--conntrack-udp-timeout",
+            "--conntrack-udp-timeout-stream",
+            "--oom-score-adj",
         ];
         if !VALUED.contains(&flag.as_str()) {
             return Err(ConfigError::UnknownFlag(flag));
@@ -377,6 +474,39 @@ where
             "--metrics-bind-address" => cfg.metrics_bind_address = value,
             "-v" | "--v" => {
                 cfg.verbosity = value.parse().map_err(|e| invalid(f, &value, e))?;
+            }
+            "--config" => {}
+            "--masquerade-bit" => {
+                cfg.masquerade_bit = value.parse().map_err(|e| invalid(f, &value, e))?;
+                if cfg.masquerade_bit > 31 {
+                    return Err(invalid(f, &value, "must be within 0..31"));
+                }
+            }
+            "--ipvs-scheduler" => cfg.ipvs_scheduler = value,
+            "--conntrack-max-per-core" => {
+                cfg.conntrack.max_per_core = value.parse().map_err(|e| invalid(f, &value, e))?
+            }
+            "--conntrack-min" => {
+                cfg.conntrack.min = value.parse().map_err(|e| invalid(f, &value, e))?
+            }
+            "--conntrack-tcp-timeout-established" => {
+                cfg.conntrack.tcp_established_timeout =
+                    parse_duration(&value).map_err(|e| invalid(f, &value, e))?
+            }
+            "--conntrack-tcp-timeout-close-wait" => {
+                cfg.conntrack.tcp_close_wait_timeout =
+                    parse_duration(&value).map_err(|e| invalid(f, &value, e))?
+            }
+            "--conntrack-udp-timeout" => {
+                cfg.conntrack.udp_timeout =
+                    parse_duration(&value).map_err(|e| invalid(f, &value, e))?
+            }
+            "--conntrack-udp-timeout-stream" => {
+                cfg.conntrack.udp_stream_timeout =
+                    parse_duration(&value).map_err(|e| invalid(f, &value, e))?
+            }
+            "--oom-score-adj" => {
+                cfg.oom_score_adj = Some(value.parse().map_err(|e| invalid(f, &value, e))?)
             }
             _ => return Err(ConfigError::UnknownFlag(flag)),
         }
