@@ -1,0 +1,214 @@
+//! deploy/: every manifest parses into its k8s-openapi type without losing a field,
+//! the DaemonSet's flags parse with the binary's own parser, the ConfigMap's
+//! KubeProxyConfiguration loads without a warning, and RBAC grants nothing beyond
+//! what the proxy uses.
+
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use serde::Deserialize;
+use serde_yaml::Value;
+
+use kube_nlproxy::config::{self, Command};
+
+const MANIFEST: &str = include_str!("../deploy/kube-nlproxy.yaml");
+
+/// Drops nulls and empty maps/lists so a typed round trip compares equal to the
+/// source when no field was lost.
+fn normalize(v: Value) -> Value {
+    match v {
+        Value::Mapping(m) => Value::Mapping(
+            m.into_iter()
+                .map(|(k, v)| (k, normalize(v)))
+                .filter(|(_, v)| !matches!(v, Value::Null))
+                .collect(),
+        ),
+        Value::Sequence(s) => Value::Sequence(s.into_iter().map(normalize).collect()),
+        other => other,
+    }
+}
+
+fn typed<T>(doc: &Value) -> T
+where
+    T: serde::de::DeserializeOwned + serde::Serialize,
+{
+    let obj: T = serde_yaml::from_value(doc.clone()).expect("parses into its type");
+    let back = normalize(serde_yaml::to_value(&obj).unwrap());
+    assert_eq!(
+        back,
+        normalize(doc.clone()),
+        "a field was dropped or misspelled"
+    );
+    obj
+}
+
+struct Docs {
+    daemonset: DaemonSet,
+    configmap: ConfigMap,
+    role: ClusterRole,
+    binding: ClusterRoleBinding,
+    account: ServiceAccount,
+}
+
+fn docs() -> Docs {
+    let (mut ds, mut cm, mut role, mut binding, mut sa) = (None, None, None, None, None);
+    for doc in serde_yaml::Deserializer::from_str(MANIFEST) {
+        let v = Value::deserialize(doc).unwrap();
+        match v["kind"].as_str().unwrap() {
+            "DaemonSet" => ds = Some(typed::<DaemonSet>(&v)),
+            "ConfigMap" => cm = Some(typed::<ConfigMap>(&v)),
+            "ClusterRole" => role = Some(typed::<ClusterRole>(&v)),
+            "ClusterRoleBinding" => binding = Some(typed::<ClusterRoleBinding>(&v)),
+            "ServiceAccount" => sa = Some(typed::<ServiceAccount>(&v)),
+            other => panic!("unexpected kind {other}"),
+        }
+    }
+    Docs {
+        daemonset: ds.unwrap(),
+        configmap: cm.unwrap(),
+        role: role.unwrap(),
+        binding: binding.unwrap(),
+        account: sa.unwrap(),
+    }
+}
+
+#[test]
+fn daemonset_flags_parse_with_the_binarys_parser() {
+    let d = docs();
+    let pod = d.daemonset.spec.unwrap().template.spec.unwrap();
+    assert_eq!(pod.host_network, Some(true));
+    assert_eq!(
+        pod.priority_class_name.as_deref(),
+        Some("system-node-critical")
+    );
+    let tolerations = pod.tolerations.unwrap();
+    assert!(
+        tolerations
+            .iter()
+            .any(|t| t.operator.as_deref() == Some("Exists") && t.key.is_none()),
+        "tolerates every taint"
+    );
+    assert_eq!(
+        pod.service_account_name.as_deref(),
+        d.account.metadata.name.as_deref()
+    );
+    let c = &pod.containers[0];
+    let args = c.args.clone().unwrap();
+    let cfg_path = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--config="))
+        .expect("--config flag");
+    // The ConfigMap is mounted where --config points.
+    let mount = c
+        .volume_mounts
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|m| cfg_path.starts_with(&m.mount_path))
+        .expect("config mounted");
+    assert_eq!(mount.read_only, Some(true));
+    let config_text = d.configmap.data.as_ref().unwrap()["config.conf"].clone();
+    let dir = std::env::temp_dir().join(format!("knp-deploy-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("config.conf"), &config_text).unwrap();
+    let local_args: Vec<String> = args
+        .iter()
+        .map(|a| {
+            if a.starts_with("--config=") {
+                format!("--config={}", dir.join("config.conf").display())
+            } else {
+                a.clone()
+            }
+        })
+        .collect();
+    let cfg = config::parse_args(local_args).expect("the DaemonSet's args parse");
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(cfg.command, Command::Run);
+    assert!(
+        cfg.warnings.is_empty(),
+        "config warnings: {:?}",
+        cfg.warnings
+    );
+    assert_eq!(cfg.healthz_bind_address, "0.0.0.0:10256");
+
+    // Probes hit the health server's port and paths.
+    let live = c
+        .liveness_probe
+        .as_ref()
+        .unwrap()
+        .http_get
+        .as_ref()
+        .unwrap();
+    let ready = c
+        .readiness_probe
+        .as_ref()
+        .unwrap()
+        .http_get
+        .as_ref()
+        .unwrap();
+    assert_eq!(live.path.as_deref(), Some("/livez"));
+    assert_eq!(ready.path.as_deref(), Some("/healthz"));
+    let port = cfg.healthz_bind_address.rsplit(':').next().unwrap();
+    for probe in [live, ready] {
+        assert_eq!(
+            probe.port,
+            k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(port.parse().unwrap())
+        );
+    }
+    // Only the capabilities it needs; no privileged mode, no /lib/modules.
+    let sc = c.security_context.as_ref().unwrap();
+    assert_ne!(sc.privileged, Some(true));
+    let caps = sc.capabilities.as_ref().unwrap();
+    assert_eq!(caps.drop.as_deref(), Some(&["ALL".to_string()][..]));
+    assert_eq!(
+        caps.add.as_deref(),
+        Some(&["NET_ADMIN".to_string(), "SYS_RESOURCE".to_string()][..])
+    );
+    assert!(
+        pod.volumes
+            .unwrap_or_default()
+            .iter()
+            .all(|v| v.host_path.is_none()),
+        "no host paths"
+    );
+}
+
+#[test]
+fn rbac_grants_only_what_the_proxy_uses() {
+    let d = docs();
+    let mut grants = Vec::new();
+    for rule in d.role.rules.unwrap() {
+        for group in rule.api_groups.unwrap_or_default() {
+            for resource in rule.resources.clone().unwrap_or_default() {
+                for verb in &rule.verbs {
+                    grants.push(format!("{group}/{resource}:{verb}"));
+                }
+            }
+        }
+    }
+    grants.sort();
+    let mut want = vec![
+        "/services:get",
+        "/services:list",
+        "/services:watch",
+        "/nodes:get",
+        "/nodes:list",
+        "/nodes:watch",
+        "discovery.k8s.io/endpointslices:get",
+        "discovery.k8s.io/endpointslices:list",
+        "discovery.k8s.io/endpointslices:watch",
+        "networking.k8s.io/servicecidrs:get",
+        "networking.k8s.io/servicecidrs:list",
+        "networking.k8s.io/servicecidrs:watch",
+        "/events:create",
+        "/events:patch",
+        "events.k8s.io/events:create",
+        "events.k8s.io/events:patch",
+    ];
+    want.sort();
+    assert_eq!(grants, want);
+    assert_eq!(d.binding.role_ref.name, d.role.metadata.name.unwrap());
+    let subject = &d.binding.subjects.unwrap()[0];
+    assert_eq!(Some(subject.name.clone()), d.account.metadata.name);
+    assert_eq!(subject.namespace, d.account.metadata.namespace);
+}
