@@ -2,4 +2,6 @@
 #![deny(missing_docs)]
 
 pub mod addr;
+pub mod ipvs;
 pub mod nft;
+mod sock;
