@@ -163,14 +163,24 @@ impl NlSocket {
     }
 
     /// Send `msg` with `flags` and collect replies until the ack or `NLMSG_DONE`.
-    /// `NLM_F_ACK` is added for non-dump requests. Returns the inner messages and
+    /// `NLM_F_DUMP` is added for dumps, `NLM_F_ACK` for everything else. Returns the inner messages and
     /// whether a dump was interrupted (`NLM_F_DUMP_INTR`).
-    fn exchange<T>(&mut self, flags: u16, msg: T) -> Result<(Vec<T>, bool), SockError>
+    fn exchange<T>(
+        &mut self,
+        flags: u16,
+        is_dump: bool,
+        msg: T,
+    ) -> Result<(Vec<T>, bool), SockError>
     where
         T: NetlinkSerializable + NetlinkDeserializable,
     {
-        let is_dump = flags & NLM_F_DUMP == NLM_F_DUMP;
-        let flags = if is_dump { flags } else { flags | NLM_F_ACK };
+        // NLM_F_EXCL shares its bit with NLM_F_MATCH (half of NLM_F_DUMP), so the
+        // caller says whether this is a dump.
+        let flags = if is_dump {
+            flags | NLM_F_DUMP
+        } else {
+            flags | NLM_F_ACK
+        };
         let seq = self.send(flags, msg)?;
         let mut out = Vec::new();
         let mut interrupted = false;
@@ -231,7 +241,7 @@ impl NlSocket {
     where
         T: NetlinkSerializable + NetlinkDeserializable,
     {
-        Ok(self.exchange(flags & !NLM_F_DUMP, msg)?.0)
+        Ok(self.exchange(flags, false, msg)?.0)
     }
 
     /// A dump (`NLM_F_DUMP`), retried when the kernel flags it as interrupted.
@@ -240,7 +250,7 @@ impl NlSocket {
         T: NetlinkSerializable + NetlinkDeserializable + Clone,
     {
         for _ in 0..DUMP_RETRIES {
-            let (out, interrupted) = self.exchange(NLM_F_DUMP, msg.clone())?;
+            let (out, interrupted) = self.exchange(0, true, msg.clone())?;
             if !interrupted {
                 return Ok(out);
             }
