@@ -4,5 +4,6 @@
 pub mod addr;
 pub mod ipset;
 pub mod ipvs;
+pub mod link;
 pub mod nft;
 mod sock;
