@@ -2,6 +2,7 @@
 #![deny(missing_docs)]
 
 pub mod addr;
+pub mod conntrack;
 pub mod ipset;
 pub mod ipvs;
 pub mod link;
