@@ -2,4 +2,9 @@
 #![deny(missing_docs)]
 
 pub mod addr;
+pub mod conntrack;
+pub mod ipset;
+pub mod ipvs;
+pub mod link;
 pub mod nft;
+mod sock;
