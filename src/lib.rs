@@ -5,5 +5,6 @@ pub mod config;
 pub mod mode;
 pub mod model;
 pub mod proxier;
+pub mod serve;
 pub mod source;
 pub mod sync;

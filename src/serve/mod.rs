@@ -1,0 +1,26 @@
+//! The HTTP side of the proxy, as kube-proxy serves it:
+//!
+//! - `--healthz-bind-address` (default `0.0.0.0:10256`): `/healthz` and `/livez`
+//!   ([`serve_health`], state in [`ProxyHealth`]);
+//! - `--metrics-bind-address` (default `127.0.0.1:10249`): `/metrics`, `/proxyMode`,
+//!   `/healthz` ([`serve_metrics`], values in [`Metrics`]);
+//! - one listener per `healthCheckNodePort` ([`ServiceHealthServer`]).
+//!
+//! The HTTP handling is our own few lines on tokio (request line + headers, answer,
+//! close); field names, formats, headers and metric names follow upstream.
+
+pub mod format;
+pub mod health;
+pub mod http;
+pub mod metrics;
+pub mod service_health;
+
+pub use health::{
+    Clock, FakeClock, HealthReport, HealthResponse, NodeEligibility, ProxierHealth, ProxyHealth,
+    SystemClock, TO_BE_DELETED_TAINT, node_eligibility,
+};
+pub use http::{
+    METRICS_CONTENT_TYPE, serve_health, serve_health_on, serve_metrics, serve_metrics_on,
+};
+pub use metrics::{Histogram, Metrics, TrafficPolicy};
+pub use service_health::{ServiceHealthServer, ServiceKey, service_health_body};
