@@ -2,6 +2,7 @@
 //! netlink only. Data flows one way: `source -> model -> mode -> sync -> netlink`.
 
 pub mod config;
+pub mod daemon;
 pub mod mode;
 pub mod model;
 pub mod proxier;

@@ -12,9 +12,8 @@ use crate::mode::nftables::{
     LocalDetector, NftablesOptions, NodePortAddresses, TableSpec, desired_tables, table_summary,
 };
 use crate::model::{BuildOptions, ClusterState, build};
+use crate::source::Objects;
 use crate::source::file::{self, FileSource};
-use crate::source::{ObjectSource, Objects};
-use crate::sync::runner::{BoundedFrequencyRunner, RunReason};
 use crate::sync::{NetlinkDataplane, SyncError, Syncer};
 
 /// Errors that end a command.
@@ -61,8 +60,8 @@ fn file_path(cfg: &Config) -> Result<PathBuf, ProxierError> {
     }
 }
 
-/// Builds the cluster state, logging every object or field that was skipped.
-fn build_state(cfg: &Config, objects: &Objects) -> ClusterState {
+/// Builds the cluster state; returns the skipped objects and fields as messages.
+pub(crate) fn build_state_quiet(cfg: &Config, objects: &Objects) -> (ClusterState, Vec<String>) {
     let (state, warnings) = build(
         objects,
         &BuildOptions {
@@ -70,6 +69,12 @@ fn build_state(cfg: &Config, objects: &Objects) -> ClusterState {
             node_ips_override: cfg.node_ips.clone(),
         },
     );
+    (state, warnings.iter().map(ToString::to_string).collect())
+}
+
+/// Builds the cluster state, logging every object or field that was skipped.
+fn build_state(cfg: &Config, objects: &Objects) -> ClusterState {
+    let (state, warnings) = build_state_quiet(cfg, objects);
     for w in &warnings {
         tracing::warn!("skipped: {w}");
     }
@@ -77,7 +82,10 @@ fn build_state(cfg: &Config, objects: &Objects) -> ClusterState {
 }
 
 /// Resolves the flags that depend on the node into the mode's options.
-fn nftables_options(cfg: &Config, state: &ClusterState) -> Result<NftablesOptions, ProxierError> {
+pub(crate) fn nftables_options(
+    cfg: &Config,
+    state: &ClusterState,
+) -> Result<NftablesOptions, ProxierError> {
     let local_detector = match cfg.detect_local_mode {
         None => LocalDetector::None,
         Some(DetectLocalMode::ClusterCidr) => {
@@ -241,53 +249,5 @@ pub async fn run(cfg: &Config) -> Result<(), ProxierError> {
     }
     let poll = Duration::from_millis(200).min(cfg.min_sync_period.max(Duration::from_millis(50)));
     let source = FileSource::start(path, poll)?;
-    let mut changes = source.subscribe();
-    let mut runner = BoundedFrequencyRunner::new(
-        cfg.min_sync_period,
-        cfg.sync_period,
-        cfg.min_sync_period.max(Duration::from_secs(1)),
-    );
-    let mut terminate = std::pin::pin!(shutdown_signal());
-    loop {
-        let now = tokio::time::Instant::now();
-        if let Some(reason) = runner.due(now) {
-            if reason == RunReason::Periodic {
-                // Read the kernel back: repairs drift nobody told us about.
-                syncer.request_full_sync();
-            }
-            let result = sync_objects(cfg, &source.snapshot(), &mut syncer);
-            if let Err(e) = &result {
-                tracing::error!("sync failed, retrying with a full sync: {e}");
-            }
-            runner.ran(now, result.is_ok());
-            continue;
-        }
-        tokio::select! {
-            changed = changes.changed() => {
-                if changed.is_err() {
-                    return Err(ProxierError::SourceEnded);
-                }
-                runner.request();
-            }
-            _ = tokio::time::sleep_until(runner.next_deadline(now)) => {}
-            _ = &mut terminate => {
-                tracing::info!("terminating; the dataplane stays as it is");
-                return Ok(());
-            }
-        }
-    }
-}
-async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-        }
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
+    crate::daemon::run(cfg, &source, syncer).await
 }

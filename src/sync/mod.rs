@@ -5,6 +5,7 @@
 //! A failed transaction, start-up and the periodic resync read the kernel back
 //! (a full sync); a no-op sync sends nothing.
 
+pub mod conntrack;
 pub mod diff;
 pub mod fake;
 pub mod runner;

@@ -1,0 +1,340 @@
+//! PURE: which UDP/SCTP conntrack entries a sync made stale, as kube-proxy computes
+//! them. TCP is never touched: its endpoints notice a dead peer on their own.
+//!
+//! - A service port that had no serving endpoint and now has one: flows to its
+//!   addresses were rejected or dropped and their conntrack entries keep them so;
+//!   delete flows to every service address (and its node port).
+//! - An endpoint that was serving and no longer is (or is gone): delete flows that a
+//!   service address (or node port) DNATed to it.
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+
+use kube_nlproxy_netlink::conntrack::CtTuple;
+
+use crate::model::{ClusterState, Endpoint, IpFamily, Protocol, ServicePort};
+
+/// One kind of conntrack entry to delete.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum StaleFlow {
+    /// Original destination `addr:port`.
+    ToService {
+        /// service address (ClusterIP, external IP or LB IP)
+        addr: IpAddr,
+        /// service port
+        port: u16,
+        /// IP protocol number
+        proto: u8,
+    },
+    /// Original destination port `port` on any address (a node port).
+    ToNodePort {
+        /// node port
+        port: u16,
+        /// IP protocol number
+        proto: u8,
+    },
+    /// Original destination `addr:port`, DNATed to `endpoint:endpoint_port`.
+    ServiceToEndpoint {
+        /// service address
+        addr: IpAddr,
+        /// service port
+        port: u16,
+        /// endpoint address
+        endpoint: IpAddr,
+        /// endpoint port
+        endpoint_port: u16,
+        /// IP protocol number
+        proto: u8,
+    },
+    /// Original destination port `port` (a node port), DNATed to the endpoint.
+    NodePortToEndpoint {
+        /// node port
+        port: u16,
+        /// endpoint address
+        endpoint: IpAddr,
+        /// endpoint port
+        endpoint_port: u16,
+        /// IP protocol number
+        proto: u8,
+    },
+}
+
+impl StaleFlow {
+    /// Whether a conntrack entry (original and reply tuples) is one of these.
+    pub fn matches(&self, orig: &CtTuple, reply: &CtTuple) -> bool {
+        match *self {
+            StaleFlow::ToService { addr, port, proto } => {
+                orig.proto == proto && orig.dst == addr && orig.dport == port
+            }
+            StaleFlow::ToNodePort { port, proto } => orig.proto == proto && orig.dport == port,
+            StaleFlow::ServiceToEndpoint {
+                addr,
+                port,
+                endpoint,
+                endpoint_port,
+                proto,
+            } => {
+                orig.proto == proto
+                    && orig.dst == addr
+                    && orig.dport == port
+                    && reply.src == endpoint
+                    && reply.sport == endpoint_port
+            }
+            StaleFlow::NodePortToEndpoint {
+                port,
+                endpoint,
+                endpoint_port,
+                proto,
+            } => {
+                orig.proto == proto
+                    && orig.dport == port
+                    && reply.src == endpoint
+                    && reply.sport == endpoint_port
+                    && orig.dst != endpoint
+            }
+        }
+    }
+
+    /// The address family the entry lives in.
+    pub fn is_ipv6(&self) -> Option<bool> {
+        match self {
+            StaleFlow::ToService { addr, .. } | StaleFlow::ServiceToEndpoint { addr, .. } => {
+                Some(addr.is_ipv6())
+            }
+            StaleFlow::NodePortToEndpoint { endpoint, .. } => Some(endpoint.is_ipv6()),
+            StaleFlow::ToNodePort { .. } => None,
+        }
+    }
+}
+
+fn service_addrs(svc: &ServicePort) -> Vec<IpAddr> {
+    svc.cluster_ip
+        .iter()
+        .chain(&svc.external_ips)
+        .chain(&svc.load_balancer_ips)
+        .copied()
+        .collect()
+}
+
+fn serving(eps: Option<&Vec<Endpoint>>, family: IpFamily) -> BTreeSet<(IpAddr, u16)> {
+    eps.map(|eps| {
+        eps.iter()
+            .filter(|e| e.serving && IpFamily::of(&e.ip) == family)
+            .map(|e| (e.ip, e.port))
+            .collect()
+    })
+    .unwrap_or_default()
+}
+
+/// The entries a change from `prev` to `cur` made stale.
+pub fn stale_flows(prev: &ClusterState, cur: &ClusterState) -> Vec<StaleFlow> {
+    let mut out = BTreeSet::new();
+    for ((name, family), svc) in &cur.services {
+        if svc.name.protocol == Protocol::Tcp {
+            continue;
+        }
+        let proto = svc.name.protocol.number();
+        let before = serving(prev.endpoints.get(name), *family);
+        let now = serving(cur.endpoints.get(name), *family);
+        let existed = prev.services.contains_key(&(name.clone(), *family));
+        if before.is_empty() && !now.is_empty() {
+            for addr in service_addrs(svc) {
+                out.insert(StaleFlow::ToService {
+                    addr,
+                    port: svc.port,
+                    proto,
+                });
+            }
+            if let Some(port) = svc.node_port {
+                out.insert(StaleFlow::ToNodePort { port, proto });
+            }
+        }
+        if !existed {
+            continue;
+        }
+        for &(endpoint, endpoint_port) in before.difference(&now) {
+            for addr in service_addrs(svc) {
+                out.insert(StaleFlow::ServiceToEndpoint {
+                    addr,
+                    port: svc.port,
+                    endpoint,
+                    endpoint_port,
+                    proto,
+                });
+            }
+            if let Some(port) = svc.node_port {
+                out.insert(StaleFlow::NodePortToEndpoint {
+                    port,
+                    endpoint,
+                    endpoint_port,
+                    proto,
+                });
+            }
+        }
+    }
+    // Removed service ports: flows DNATed to their endpoints are stale too.
+    for ((name, family), svc) in &prev.services {
+        if svc.name.protocol == Protocol::Tcp || cur.services.contains_key(&(name.clone(), *family))
+        {
+            continue;
+        }
+        let proto = svc.name.protocol.number();
+        for (endpoint, endpoint_port) in serving(prev.endpoints.get(name), *family) {
+            for addr in service_addrs(svc) {
+                out.insert(StaleFlow::ServiceToEndpoint {
+                    addr,
+                    port: svc.port,
+                    endpoint,
+                    endpoint_port,
+                    proto,
+                });
+            }
+        }
+    }
+    out.into_iter().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{ServicePortName, TrafficDistribution, TrafficPolicy};
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn state(protocol: Protocol, endpoints: &[&str]) -> ClusterState {
+        let name = ServicePortName {
+            namespace: "ns".into(),
+            name: "dns".into(),
+            port_name: "".into(),
+            protocol,
+        };
+        let mut st = ClusterState::default();
+        st.services.insert(
+            (name.clone(), IpFamily::V4),
+            ServicePort {
+                name: name.clone(),
+                family: IpFamily::V4,
+                cluster_ip: Some(ip("10.96.0.10")),
+                port: 53,
+                node_port: Some(30053),
+                external_ips: vec![],
+                load_balancer_ips: vec![],
+                load_balancer_source_ranges: vec![],
+                external_policy: TrafficPolicy::Cluster,
+                internal_policy: TrafficPolicy::Cluster,
+                affinity_timeout_seconds: None,
+                health_check_node_port: None,
+                traffic_distribution: TrafficDistribution::Unset,
+            },
+        );
+        st.endpoints.insert(
+            name,
+            endpoints
+                .iter()
+                .map(|e| Endpoint {
+                    ip: ip(e),
+                    port: 5353,
+                    ready: true,
+                    serving: true,
+                    terminating: false,
+                    is_local: true,
+                    zone: None,
+                    zone_hints: vec![],
+                    node_hints: vec![],
+                })
+                .collect(),
+        );
+        st
+    }
+
+    #[test]
+    fn udp_endpoint_replaced_clears_flows_to_the_old_one() {
+        let flows = stale_flows(
+            &state(Protocol::Udp, &["10.244.1.2"]),
+            &state(Protocol::Udp, &["10.244.1.3"]),
+        );
+        assert_eq!(
+            flows,
+            vec![
+                StaleFlow::ServiceToEndpoint {
+                    addr: ip("10.96.0.10"),
+                    port: 53,
+                    endpoint: ip("10.244.1.2"),
+                    endpoint_port: 5353,
+                    proto: 17
+                },
+                StaleFlow::NodePortToEndpoint {
+                    port: 30053,
+                    endpoint: ip("10.244.1.2"),
+                    endpoint_port: 5353,
+                    proto: 17
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn zero_to_one_endpoints_clears_flows_to_the_service() {
+        let flows = stale_flows(
+            &state(Protocol::Sctp, &[]),
+            &state(Protocol::Sctp, &["10.244.1.2"]),
+        );
+        assert_eq!(
+            flows,
+            vec![
+                StaleFlow::ToService {
+                    addr: ip("10.96.0.10"),
+                    port: 53,
+                    proto: 132
+                },
+                StaleFlow::ToNodePort {
+                    port: 30053,
+                    proto: 132
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn tcp_is_never_touched() {
+        assert!(
+            stale_flows(
+                &state(Protocol::Tcp, &["10.244.1.2"]),
+                &state(Protocol::Tcp, &["10.244.1.3"])
+            )
+            .is_empty()
+        );
+        assert!(
+            stale_flows(
+                &state(Protocol::Tcp, &[]),
+                &state(Protocol::Tcp, &["10.244.1.3"])
+            )
+            .is_empty()
+        );
+    }
+
+    #[test]
+    fn matching_needs_the_nat_pair() {
+        let f = StaleFlow::ServiceToEndpoint {
+            addr: ip("10.96.0.10"),
+            port: 53,
+            endpoint: ip("10.244.1.2"),
+            endpoint_port: 5353,
+            proto: 17,
+        };
+        let t = |src: &str, dst: &str, sport, dport| CtTuple {
+            src: ip(src),
+            dst: ip(dst),
+            proto: 17,
+            sport,
+            dport,
+        };
+        let orig = t("10.244.1.9", "10.96.0.10", 4000, 53);
+        assert!(f.matches(&orig, &t("10.244.1.2", "10.244.1.9", 5353, 4000)));
+        // A direct flow to the pod, not through the service, stays.
+        let direct = t("10.244.1.9", "10.244.1.2", 4000, 5353);
+        assert!(!f.matches(&direct, &t("10.244.1.2", "10.244.1.9", 5353, 4000)));
+    }
+}
