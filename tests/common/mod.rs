@@ -965,6 +965,23 @@ pub fn sctp(ns: &str, dst: SocketAddr, timeout: Duration) -> Res {
         if fd < 0 {
             return Err(classify(&io::Error::last_os_error()));
         }
+        // SCTP treats ICMP errors during INIT as soft unless RECVERR is on (kernel
+        // 6.1 then keeps retrying INIT); with it a reject is ECONNREFUSED, as for TCP.
+        let on: libc::c_int = 1;
+        let (level, opt) = if dst.is_ipv4() {
+            (libc::SOL_IP, libc::IP_RECVERR)
+        } else {
+            (libc::SOL_IPV6, libc::IPV6_RECVERR)
+        };
+        unsafe {
+            libc::setsockopt(
+                fd,
+                level,
+                opt,
+                &on as *const _ as *const libc::c_void,
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
         let mut s = unsafe { TcpStream::from_raw_fd(fd) };
         s.set_nonblocking(true).unwrap();
         let rc = unsafe {
