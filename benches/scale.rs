@@ -80,6 +80,7 @@ fn state(n: usize, changed: Option<usize>) -> ClusterState {
                 affinity_timeout_seconds: None,
                 health_check_node_port: None,
                 traffic_distribution: TrafficDistribution::Unset,
+                ipvs_scheduler: None,
             },
         );
         let eps = (0..2)

@@ -3,6 +3,7 @@
 
 pub mod config;
 pub mod daemon;
+pub mod ipvs_proxier;
 pub mod mode;
 pub mod model;
 pub mod proxier;

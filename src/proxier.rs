@@ -34,6 +34,9 @@ pub enum ProxierError {
     /// The source stopped delivering updates.
     #[error("the object source ended")]
     SourceEnded,
+    /// IPVS, `kube-ipvs0` or the KUBE-* ipsets could not be synced.
+    #[error("ipvs mode: {0}")]
+    Ipvs(String),
     /// Listing local addresses for `--nodeport-addresses` failed.
     #[error("listing local addresses for --nodeport-addresses failed: {0}")]
     Addresses(String),
@@ -49,9 +52,6 @@ fn node_name(cfg: &Config) -> String {
 }
 
 fn file_path(cfg: &Config) -> Result<PathBuf, ProxierError> {
-    if cfg.mode == ProxyMode::Ipvs {
-        return Err(ProxierError::Unsupported("--proxy-mode ipvs"));
-    }
     match &cfg.source {
         Source::File(path) => Ok(path.clone()),
         Source::Kube => Err(ProxierError::Unsupported(
@@ -164,6 +164,9 @@ fn desired(cfg: &Config, objects: &Objects) -> Result<Vec<TableSpec>, ProxierErr
 
 /// `kube-nlproxy plan`: print what a sync would send.
 pub fn plan(cfg: &Config) -> Result<(), ProxierError> {
+    if cfg.mode == ProxyMode::Ipvs {
+        return Err(ProxierError::Unsupported("plan with --proxy-mode ipvs"));
+    }
     let path = file_path(cfg)?;
     let (objects, source_warnings) = file::load_path(&path)?;
     for w in &source_warnings {
@@ -187,6 +190,8 @@ pub fn cleanup() -> Result<(), ProxierError> {
     let mut syncer = Syncer::new(NetlinkDataplane::new()?);
     let n = syncer.cleanup()?;
     tracing::info!("cleanup: deleted {n} table(s)");
+    let n = crate::ipvs_proxier::cleanup_ipvs(&Default::default())?;
+    tracing::info!("cleanup: {n} IPVS-mode operation(s)");
     Ok(())
 }
 
@@ -228,6 +233,20 @@ fn sync_objects(
 /// `kube-nlproxy [run]`: sync, then follow changes (or exit with `--once`).
 pub async fn run(cfg: &Config) -> Result<(), ProxierError> {
     let path = file_path(cfg)?;
+    if cfg.mode == ProxyMode::Ipvs {
+        crate::config::host::apply_conntrack(&cfg.conntrack);
+        let poll =
+            Duration::from_millis(200).min(cfg.min_sync_period.max(Duration::from_millis(50)));
+        let source = FileSource::start(path, poll)?;
+        return crate::ipvs_proxier::run_ipvs(cfg, &source).await;
+    }
+    // Coming from ipvs mode: remove its objects (the shared nft table is
+    // converted by the ordinary diff).
+    match crate::ipvs_proxier::cleanup_ipvs(&Default::default()) {
+        Ok(0) => {}
+        Ok(n) => tracing::info!("removed ipvs-mode leftovers ({n} operations)"),
+        Err(e) => tracing::warn!("could not check for ipvs-mode leftovers: {e}"),
+    }
     let mut syncer = Syncer::new(NetlinkDataplane::new()?);
     if cfg.once {
         let started = Instant::now();

@@ -95,6 +95,7 @@ fn state(services: &[(u8, u8, u8, bool)]) -> ClusterState {
                 affinity_timeout_seconds: (id % 2 == 1).then_some(30),
                 health_check_node_port: None,
                 traffic_distribution: TrafficDistribution::Unset,
+                ipvs_scheduler: None,
             },
         );
         st.endpoints.insert(

@@ -1,5 +1,6 @@
 //! PURE: the desired dataplane per proxy mode.
 
+pub mod ipvs;
 pub mod nftables;
 pub mod rules;
 

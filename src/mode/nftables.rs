@@ -121,7 +121,7 @@ pub struct TableSpec {
 }
 
 impl TableSpec {
-    fn new(family: Family) -> Self {
+    pub(crate) fn new(family: Family) -> Self {
         TableSpec {
             family,
             chains: BTreeMap::new(),
@@ -131,7 +131,7 @@ impl TableSpec {
         }
     }
 
-    fn chain(&mut self, name: &str) -> &mut Vec<Rule> {
+    pub(crate) fn chain(&mut self, name: &str) -> &mut Vec<Rule> {
         &mut self
             .chains
             .entry(name.to_string())
@@ -145,7 +145,7 @@ impl TableSpec {
             .rules
     }
 
-    fn base_chain(&mut self, name: &str, kind: ChainType, hook: Hook, priority: i32) {
+    pub(crate) fn base_chain(&mut self, name: &str, kind: ChainType, hook: Hook, priority: i32) {
         self.chains.insert(
             name.to_string(),
             ChainSpec {
@@ -162,7 +162,13 @@ impl TableSpec {
         );
     }
 
-    fn set(&mut self, name: &str, key: Vec<KeyType>, verdict_map: bool, flags: SetFlags) {
+    pub(crate) fn set(
+        &mut self,
+        name: &str,
+        key: Vec<KeyType>,
+        verdict_map: bool,
+        flags: SetFlags,
+    ) {
         self.sets.insert(
             name.to_string(),
             SetSpec {
@@ -178,7 +184,7 @@ impl TableSpec {
         );
     }
 
-    fn element(&mut self, set: &str, key: Vec<KeyValue>, verdict: Option<Verdict>) {
+    pub(crate) fn element(&mut self, set: &str, key: Vec<KeyValue>, verdict: Option<Verdict>) {
         let spec = self.sets.get_mut(set).expect("set declared in skeleton");
         // A map holds one verdict per key: two services claiming the same
         // address/port keep the first (kube-proxy's behaviour is undefined here).
@@ -197,7 +203,7 @@ impl TableSpec {
         spec.elements.insert(Element { key, verdict });
     }
 
-    fn rule(&mut self, chain: &str, builder: RuleBuilder, comment: Option<&str>) {
+    pub(crate) fn rule(&mut self, chain: &str, builder: RuleBuilder, comment: Option<&str>) {
         let rule = builder.build(chain, comment);
         self.chain(chain).push(rule);
     }
@@ -208,7 +214,7 @@ impl TableSpec {
     }
 }
 
-fn family_of(f: IpFamily) -> Family {
+pub(crate) fn family_of(f: IpFamily) -> Family {
     match f {
         IpFamily::V4 => Family::Ipv4,
         IpFamily::V6 => Family::Ipv6,
@@ -419,7 +425,7 @@ fn skeleton(
     t
 }
 
-fn net_family(net: &IpNet) -> IpFamily {
+pub(crate) fn net_family(net: &IpNet) -> IpFamily {
     match net {
         IpNet::V4(_) => IpFamily::V4,
         IpNet::V6(_) => IpFamily::V6,
@@ -812,7 +818,7 @@ fn local_source(
     local_source_into(RuleBuilder::new(family), family, detector, node, negate)
 }
 
-fn local_source_into(
+pub(crate) fn local_source_into(
     b: RuleBuilder,
     family: Family,
     detector: &LocalDetector,

@@ -32,6 +32,8 @@ pub struct RuleBuilder {
 pub enum KeyField {
     /// `ip saddr`
     Saddr,
+    /// `ip saddr & MASK` (the network of the source under a prefix length)
+    SaddrMasked(u8),
     /// `ip daddr`
     Daddr,
     /// `meta l4proto`
@@ -282,6 +284,24 @@ impl RuleBuilder {
                 KeyField::Saddr | KeyField::Daddr => {
                     self.load_addr(matches!(field, KeyField::Saddr), reg);
                     self.family.addr_len()
+                }
+                KeyField::SaddrMasked(prefix) => {
+                    self.load_addr(true, reg);
+                    let len = self.family.addr_len();
+                    let bits = u32::from(prefix).min(len * 8);
+                    let mask: Vec<u8> = (0..len)
+                        .map(|i| {
+                            let on = bits.saturating_sub(i * 8).min(8);
+                            if on == 0 { 0 } else { 0xffu8 << (8 - on) }
+                        })
+                        .collect();
+                    self.exprs.push(Expr::Bitwise {
+                        sreg: reg,
+                        dreg: reg,
+                        mask,
+                        xor: vec![0; len as usize],
+                    });
+                    len
                 }
                 KeyField::L4Proto => {
                     self.exprs.push(Expr::Meta {

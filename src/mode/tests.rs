@@ -38,6 +38,7 @@ fn svc() -> ServicePort {
         affinity_timeout_seconds: None,
         health_check_node_port: None,
         traffic_distribution: TrafficDistribution::Unset,
+        ipvs_scheduler: None,
     }
 }
 

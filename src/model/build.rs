@@ -20,6 +20,12 @@ pub const LABEL_HEADLESS: &str = "service.kubernetes.io/headless";
 pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
 /// Node zone label.
 pub const LABEL_ZONE: &str = "topology.kubernetes.io/zone";
+/// Annotation choosing the IPVS scheduler of one Service (ipvs mode).
+pub const ANNOTATION_IPVS_SCHEDULER: &str = "kube-nlproxy.io/ipvs-scheduler";
+/// The IPVS schedulers `--ipvs-scheduler` and [`ANNOTATION_IPVS_SCHEDULER`] accept.
+pub const IPVS_SCHEDULERS: [&str; 11] = [
+    "rr", "wrr", "lc", "wlc", "lblc", "lblcr", "sh", "dh", "sed", "nq", "mh",
+];
 /// Default `sessionAffinityConfig.clientIP.timeoutSeconds`.
 pub const DEFAULT_AFFINITY_TIMEOUT_SECONDS: u32 = 10800;
 
@@ -274,6 +280,29 @@ fn service_ports(svc: &Service, warnings: &mut Vec<Warning>) -> Vec<ServicePort>
         _ => TrafficDistribution::Unset,
     };
 
+    let ipvs_scheduler = svc
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ANNOTATION_IPVS_SCHEDULER))
+        .and_then(|value| {
+            let v = value.trim();
+            if IPVS_SCHEDULERS.contains(&v) {
+                Some(v.to_owned())
+            } else {
+                warn(
+                    warnings,
+                    &object,
+                    format!("metadata.annotations[{ANNOTATION_IPVS_SCHEDULER}]"),
+                    format!(
+                        "unknown IPVS scheduler {value:?} (expected one of {}), using --ipvs-scheduler",
+                        IPVS_SCHEDULERS.join(", ")
+                    ),
+                );
+                None
+            }
+        });
+
     let mut out = Vec::new();
     for (i, port) in spec.ports.iter().flatten().enumerate() {
         let Some(protocol) = parse_protocol(port.protocol.as_deref()) else {
@@ -329,6 +358,7 @@ fn service_ports(svc: &Service, warnings: &mut Vec<Warning>) -> Vec<ServicePort>
                 affinity_timeout_seconds,
                 health_check_node_port,
                 traffic_distribution,
+                ipvs_scheduler: ipvs_scheduler.clone(),
             });
         }
     }

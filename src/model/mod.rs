@@ -5,7 +5,7 @@ mod categorize;
 mod parse;
 mod types;
 
-pub use build::{BuildOptions, Warning, build};
+pub use build::{ANNOTATION_IPVS_SCHEDULER, BuildOptions, IPVS_SCHEDULERS, Warning, build};
 pub use categorize::{Categorized, categorize_endpoints};
 pub use parse::{parse_cidr_sloppy, parse_ip_sloppy};
 pub use types::*;

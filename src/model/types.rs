@@ -141,6 +141,9 @@ pub struct ServicePort {
     pub health_check_node_port: Option<u16>,
     /// `spec.trafficDistribution`.
     pub traffic_distribution: TrafficDistribution,
+    /// IPVS scheduler from the annotation `kube-nlproxy.io/ipvs-scheduler`
+    /// (validated; `None` = use `--ipvs-scheduler`). Only the ipvs mode reads it.
+    pub ipvs_scheduler: Option<String>,
 }
 
 impl ServicePort {

@@ -227,6 +227,7 @@ mod tests {
                 affinity_timeout_seconds: None,
                 health_check_node_port: None,
                 traffic_distribution: TrafficDistribution::Unset,
+                ipvs_scheduler: None,
             },
         );
         st.endpoints.insert(

@@ -8,6 +8,7 @@
 pub mod conntrack;
 pub mod diff;
 pub mod fake;
+pub mod ipvs;
 pub mod runner;
 
 use std::collections::BTreeMap;

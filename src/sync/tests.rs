@@ -132,6 +132,7 @@ fn state_of(seeds: &[SvcSeed]) -> ClusterState {
             affinity_timeout_seconds: s.affinity.then_some(60),
             health_check_node_port: None,
             traffic_distribution: TrafficDistribution::Unset,
+            ipvs_scheduler: None,
         };
         state.services.insert((name.clone(), family), port);
         let eps = state.endpoints.entry(name).or_default();

@@ -61,6 +61,7 @@ fn svc(family: IpFamily) -> ServicePort {
         affinity_timeout_seconds: None,
         health_check_node_port: None,
         traffic_distribution: TrafficDistribution::Unset,
+        ipvs_scheduler: None,
     }
 }
 
