@@ -17,12 +17,12 @@ use std::fmt::Debug;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use ::kube::Resource;
 use ::kube::api::Api;
 use ::kube::config::{Config, InClusterError, KubeConfigOptions, Kubeconfig, KubeconfigError};
 use ::kube::runtime::WatchStreamExt;
 use ::kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use ::kube::runtime::watcher::{self, Event};
-use ::kube::Resource;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -323,7 +323,10 @@ impl KubeSource {
     /// the API serves `networking.k8s.io/v1` `servicecidrs` (a 404 on the group means
     /// it does not; any other discovery error is returned). Must be called inside a
     /// tokio runtime. The watchers retry with kube's default backoff forever.
-    pub async fn start(client: ::kube::Client, node_name: &str) -> Result<KubeSource, KubeSourceError> {
+    pub async fn start(
+        client: ::kube::Client,
+        node_name: &str,
+    ) -> Result<KubeSource, KubeSourceError> {
         let service_cidrs = serves_service_cidrs(&client).await?;
         if !service_cidrs {
             tracing::info!(
@@ -576,13 +579,9 @@ mod tests {
         shared.apply(Event::Init, |s| &mut s.nodes);
         shared.apply(Event::InitDone, |s| &mut s.nodes);
         assert_eq!(*rx.borrow(), 1);
-        shared.apply(Event::Apply(svc("a", "2", "10.0.0.1")), |s| {
-            &mut s.services
-        });
+        shared.apply(Event::Apply(svc("a", "2", "10.0.0.1")), |s| &mut s.services);
         assert_eq!(*rx.borrow(), 1);
-        shared.apply(Event::Apply(svc("a", "3", "10.0.0.9")), |s| {
-            &mut s.services
-        });
+        shared.apply(Event::Apply(svc("a", "3", "10.0.0.9")), |s| &mut s.services);
         assert_eq!(*rx.borrow(), 2);
     }
 }
