@@ -558,3 +558,91 @@ async fn client_configuration() {
         Err(KubeSourceError::Discovery(_))
     ));
 }
+
+/// The fake server itself: selectors, 410 inside a 200 watch stream, streaming lists.
+#[tokio::test]
+async fn fake_server_protocol() {
+    use futures::StreamExt;
+    use k8s_openapi::api::core::v1::Service;
+    use kube::api::{Api, ListParams};
+    use kube::runtime::watcher;
+    use std::io::{Read, Write};
+
+    let server = FakeApiServer::start();
+    server.create(service_labelled("x", "10.96.0.1", json!({"tier": "web"})));
+    server.create(service_labelled("y", "10.96.0.2", json!({"tier": "db"})));
+    server.create(service("z", "10.96.0.3"));
+    let client = kube_client(&server, "protocol").await;
+    let api: Api<Service> = Api::all(client);
+    let list = |selector: &'static str| {
+        let api = api.clone();
+        async move {
+            let l = api
+                .list(&ListParams::default().labels(selector))
+                .await
+                .unwrap();
+            names(&l.items)
+        }
+    };
+    assert_eq!(list("tier").await, ["x", "y"]);
+    assert_eq!(list("!tier").await, ["z"]);
+    assert_eq!(list("tier=web").await, ["x"]);
+    assert_eq!(list("tier!=web").await, ["y", "z"]);
+    let by_name = api
+        .list(&ListParams::default().fields("metadata.name=y"))
+        .await
+        .unwrap();
+    assert_eq!(names(&by_name.items), ["y"]);
+    assert_eq!(
+        by_name.metadata.resource_version,
+        Some(server.resource_version().to_string())
+    );
+
+    // A watch from a forgotten resourceVersion: 200, one ERROR event (410 Expired).
+    server.expire_history();
+    let addr = server.addr();
+    let raw = tokio::task::spawn_blocking(move || {
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        write!(
+            s,
+            "GET /api/v1/services?&watch=true&resourceVersion=1 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    })
+    .await
+    .unwrap();
+    assert!(raw.starts_with("HTTP/1.1 200"), "{raw}");
+    assert!(
+        raw.contains(r#""type":"ERROR""#) && raw.contains(r#""code":410"#),
+        "{raw}"
+    );
+    assert!(raw.contains(r#""reason":"Expired""#), "{raw}");
+
+    // Streaming lists end at the initial-events-end bookmark.
+    let mut stream = std::pin::pin!(watcher::watcher(
+        api.clone(),
+        watcher::Config::default().streaming_lists()
+    ));
+    let mut listed = Vec::new();
+    let done = tokio::time::timeout(RECOVERY, async {
+        while let Some(ev) = stream.next().await {
+            match ev.unwrap() {
+                watcher::Event::InitApply(s) => listed.push(s.name_any()),
+                watcher::Event::InitDone => return,
+                _ => {}
+            }
+        }
+    })
+    .await;
+    assert!(done.is_ok(), "streaming list never completed");
+    assert_eq!(listed, ["x", "y", "z"]);
+    let streaming = server
+        .requests()
+        .into_iter()
+        .any(|r| r.param("sendInitialEvents") == Some("true"));
+    assert!(streaming);
+}

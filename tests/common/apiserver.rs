@@ -110,6 +110,8 @@ pub struct Request {
     pub path: String,
     /// The decoded query parameters, in order (empty fields skipped).
     pub query: Vec<(String, String)>,
+    /// The client sent `Connection: close`.
+    pub close: bool,
 }
 
 impl Request {
@@ -793,6 +795,7 @@ fn read_request(reader: &mut BufReader<TcpStream>) -> Option<(Request, Vec<u8>)>
     let method = parts.next()?.to_owned();
     let target = parts.next()?.to_owned();
     let mut content_length = 0usize;
+    let mut close = false;
     loop {
         let mut header = String::new();
         if reader.read_line(&mut header).ok()? == 0 {
@@ -802,10 +805,12 @@ fn read_request(reader: &mut BufReader<TcpStream>) -> Option<(Request, Vec<u8>)>
         if header.is_empty() {
             break;
         }
-        if let Some((name, value)) = header.split_once(':')
-            && name.eq_ignore_ascii_case("content-length")
-        {
-            content_length = value.trim().parse().ok()?;
+        if let Some((name, value)) = header.split_once(':') {
+            if name.eq_ignore_ascii_case("content-length") {
+                content_length = value.trim().parse().ok()?;
+            } else if name.eq_ignore_ascii_case("connection") {
+                close = value.trim().eq_ignore_ascii_case("close");
+            }
         }
     }
     let mut body = vec![0; content_length];
@@ -816,6 +821,7 @@ fn read_request(reader: &mut BufReader<TcpStream>) -> Option<(Request, Vec<u8>)>
             method,
             path: path.to_owned(),
             query: parse_query(query),
+            close,
         },
         body,
     ))
@@ -862,8 +868,9 @@ fn serve_connection(inner: &Inner, stream: TcpStream) {
     let mut reader = BufReader::new(read_half);
     let mut stream = stream;
     while let Some((request, body)) = read_request(&mut reader) {
+        let close = request.close;
         let keep_going = handle(inner, &mut stream, request, body);
-        if !matches!(keep_going, Ok(true)) {
+        if close || !matches!(keep_going, Ok(true)) {
             let _ = stream.shutdown(Shutdown::Both);
             return;
         }
