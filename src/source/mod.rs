@@ -1,6 +1,7 @@
 //! Where cluster objects come from.
 
 pub mod file;
+pub mod kube;
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;

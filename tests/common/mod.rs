@@ -17,6 +17,8 @@
 //! All namespaces are deleted when the [`Topo`] is dropped (also on panic).
 #![allow(dead_code)]
 
+pub mod apiserver;
+
 use std::fmt;
 use std::fs;
 use std::io::{self, BufRead, BufReader, Read, Write};

@@ -1,0 +1,587 @@
+//! Kubernetes API source: kube-rs watchers on Services, EndpointSlices, our own Node
+//! and (when the API serves them) ServiceCIDRs.
+//!
+//! Each kind has one watcher task (`watcher(..).default_backoff().modify(..)`). Its
+//! events go through [`KindState::apply`], which keeps the current objects per
+//! `(namespace, name)`, buffers a (re)list between `Init` and `InitDone` and swaps it in
+//! whole, and reports whether anything actually changed. Objects are stored without
+//! `metadata.resourceVersion` and `metadata.managedFields`, so an update or a relist
+//! that only moves those is a no-op and does not wake the sync loop.
+//!
+//! The generation counter ([`KubeSource::subscribe`]) stays 0 until every watched kind
+//! has completed its first list; it then becomes 1 and is bumped once per event that
+//! changed the stored objects.
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use ::kube::Resource;
+use ::kube::api::Api;
+use ::kube::config::{Config, InClusterError, KubeConfigOptions, Kubeconfig, KubeconfigError};
+use ::kube::runtime::WatchStreamExt;
+use ::kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
+use ::kube::runtime::watcher::{self, Event};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, ObjectReference, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
+use serde::de::DeserializeOwned;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+pub use super::Objects;
+
+/// Label selector of the Service and EndpointSlice watchers (the same as kube-proxy's):
+/// objects handled by another proxy, and headless ones, are never even listed.
+pub const PROXY_LABEL_SELECTOR: &str =
+    "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless";
+
+/// The API group version that serves ServiceCIDRs, when the cluster has them.
+const SERVICE_CIDR_GROUP_VERSION: &str = "networking.k8s.io/v1";
+
+/// `reportingController` of the events we post.
+const REPORTING_CONTROLLER: &str = "kube-nlproxy";
+
+/// How to reach the API server: kube-proxy's `--kubeconfig`, `--master` and node name.
+#[derive(Debug, Clone, Default)]
+pub struct KubeSourceConfig {
+    /// `--kubeconfig FILE`; without it (and without `master`) the in-cluster
+    /// service account configuration is used.
+    pub kubeconfig: Option<PathBuf>,
+    /// `--master URL`: overrides the cluster URL of the kubeconfig (or, alone, is the
+    /// URL of an API server reached without credentials).
+    pub master: Option<String>,
+    /// Our node's name (`--hostname-override` or the host name).
+    pub node_name: String,
+}
+
+/// Errors of the API source, named by the phase that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum KubeSourceError {
+    /// Neither `--kubeconfig` nor `--master`, and the in-cluster configuration
+    /// (service account token, `KUBERNETES_SERVICE_HOST`) is not usable.
+    #[error("loading the in-cluster API configuration: {0}")]
+    InClusterConfig(#[source] InClusterError),
+    /// The `--kubeconfig` file could not be read or parsed.
+    #[error("reading kubeconfig {path}: {source}")]
+    KubeconfigRead {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: KubeconfigError,
+    },
+    /// The kubeconfig was read but does not yield a usable configuration (no current
+    /// context, missing cluster, bad certificate data, ...).
+    #[error("loading kubeconfig {path}: {source}")]
+    KubeconfigLoad {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: KubeconfigError,
+    },
+    /// `--master` is not a URL.
+    #[error("--master {url:?} is not a valid URL: {source}")]
+    MasterUrl {
+        /// The value given.
+        url: String,
+        /// The cause.
+        #[source]
+        source: http::uri::InvalidUri,
+    },
+    /// Building the HTTP client (TLS setup) failed.
+    #[error("creating the API client: {0}")]
+    ClientBuild(#[source] ::kube::Error),
+    /// Asking the API whether it serves `networking.k8s.io/v1` ServiceCIDRs failed
+    /// with something other than 404.
+    #[error("discovering {SERVICE_CIDR_GROUP_VERSION} ServiceCIDRs: {0}")]
+    Discovery(#[source] ::kube::Error),
+}
+
+/// Builds the API client: `--kubeconfig` (with `--master` overriding its cluster URL),
+/// else `--master` alone, else the in-cluster configuration.
+pub async fn client(cfg: &KubeSourceConfig) -> Result<::kube::Client, KubeSourceError> {
+    let master = match &cfg.master {
+        Some(url) => Some(
+            url.parse::<http::Uri>()
+                .map_err(|e| KubeSourceError::MasterUrl {
+                    url: url.clone(),
+                    source: e,
+                })?,
+        ),
+        None => None,
+    };
+    let config = match (&cfg.kubeconfig, master) {
+        (Some(path), master) => {
+            let kubeconfig =
+                Kubeconfig::read_from(path).map_err(|source| KubeSourceError::KubeconfigRead {
+                    path: path.clone(),
+                    source,
+                })?;
+            let mut config =
+                Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+                    .await
+                    .map_err(|source| KubeSourceError::KubeconfigLoad {
+                        path: path.clone(),
+                        source,
+                    })?;
+            if let Some(url) = master {
+                config.cluster_url = url;
+            }
+            config
+        }
+        (None, Some(url)) => Config::new(url),
+        (None, None) => Config::incluster().map_err(KubeSourceError::InClusterConfig)?,
+    };
+    ::kube::Client::try_from(config).map_err(KubeSourceError::ClientBuild)
+}
+
+/// `(namespace, name)`; the namespace is empty for cluster-scoped kinds.
+type Key = (String, String);
+
+fn key_of<K: Resource>(obj: &K) -> Key {
+    let meta = obj.meta();
+    (
+        meta.namespace.clone().unwrap_or_default(),
+        meta.name.clone().unwrap_or_default(),
+    )
+}
+
+/// Clears what changes without the object changing (resourceVersion, managedFields),
+/// so stored objects compare equal across no-op updates and relists.
+fn strip_volatile<K: Resource>(obj: &mut K) {
+    let meta = obj.meta_mut();
+    meta.resource_version = None;
+    meta.managed_fields = None;
+}
+
+/// Where one kind's watcher is in its list/watch cycle.
+#[derive(Debug)]
+enum Phase<K> {
+    /// The first list has not completed; its objects collect in `buffer`. Until it
+    /// completes, nothing may be synced (the proxy would delete what it has not seen).
+    Listing {
+        /// Objects of the list so far.
+        buffer: BTreeMap<Key, K>,
+    },
+    /// In sync with the API: watch events apply to the objects directly.
+    Watching,
+    /// A relist is running (after 410 Gone or a failed watch). The objects last seen
+    /// stay current until `InitDone` swaps the listed ones in; objects missing from
+    /// the relist are deletions.
+    Relisting {
+        /// Objects of the relist so far.
+        buffer: BTreeMap<Key, K>,
+    },
+}
+
+/// One kind's objects and watcher phase.
+#[derive(Debug)]
+struct KindState<K> {
+    /// Whether this kind is watched at all (ServiceCIDRs may not be served).
+    watched: bool,
+    /// The current objects, without volatile metadata.
+    objects: BTreeMap<Key, K>,
+    phase: Phase<K>,
+}
+
+impl<K: Resource + PartialEq> KindState<K> {
+    fn new(watched: bool) -> Self {
+        KindState {
+            watched,
+            objects: BTreeMap::new(),
+            phase: Phase::Listing {
+                buffer: BTreeMap::new(),
+            },
+        }
+    }
+
+    /// Whether the first list has completed (or the kind is not watched).
+    fn ready(&self) -> bool {
+        !self.watched || !matches!(self.phase, Phase::Listing { .. })
+    }
+
+    /// Applies one watcher event; returns whether the current objects changed.
+    fn apply(&mut self, event: Event<K>) -> bool {
+        let phase = std::mem::replace(&mut self.phase, Phase::Watching);
+        let (changed, next) = step(phase, &mut self.objects, event);
+        self.phase = next;
+        changed
+    }
+}
+
+/// Advances one kind by one event: returns whether `objects` changed, and the next
+/// phase. Unchanged objects (equal after [`strip_volatile`]) are no-ops.
+fn step<K: Resource + PartialEq>(
+    phase: Phase<K>,
+    objects: &mut BTreeMap<Key, K>,
+    event: Event<K>,
+) -> (bool, Phase<K>) {
+    match (phase, event) {
+        // A restarted first list starts over; a restart after that is a relist.
+        (Phase::Listing { .. }, Event::Init) => (
+            false,
+            Phase::Listing {
+                buffer: BTreeMap::new(),
+            },
+        ),
+        (Phase::Watching | Phase::Relisting { .. }, Event::Init) => (
+            false,
+            Phase::Relisting {
+                buffer: BTreeMap::new(),
+            },
+        ),
+        (Phase::Listing { mut buffer }, Event::InitApply(obj)) => {
+            buffer.insert(key_of(&obj), obj);
+            (false, Phase::Listing { buffer })
+        }
+        (Phase::Relisting { mut buffer }, Event::InitApply(obj)) => {
+            buffer.insert(key_of(&obj), obj);
+            (false, Phase::Relisting { buffer })
+        }
+        (Phase::Listing { buffer } | Phase::Relisting { buffer }, Event::InitDone) => {
+            let changed = *objects != buffer;
+            *objects = buffer;
+            (changed, Phase::Watching)
+        }
+        (Phase::Watching, Event::InitDone) => (false, Phase::Watching),
+        // Watch events. The watcher sends none between Init and InitDone, but should
+        // one come, it applies to the current objects and the phase stays.
+        (phase, Event::Apply(obj) | Event::InitApply(obj)) => {
+            let key = key_of(&obj);
+            let changed = objects.get(&key) != Some(&obj);
+            if changed {
+                objects.insert(key, obj);
+            }
+            (changed, phase)
+        }
+        (phase, Event::Delete(obj)) => (objects.remove(&key_of(&obj)).is_some(), phase),
+    }
+}
+
+/// Everything the watchers write.
+#[derive(Debug)]
+struct Stores {
+    services: KindState<Service>,
+    endpoint_slices: KindState<EndpointSlice>,
+    nodes: KindState<Node>,
+    service_cidrs: KindState<ServiceCIDR>,
+}
+
+impl Stores {
+    fn ready(&self) -> bool {
+        self.services.ready()
+            && self.endpoint_slices.ready()
+            && self.nodes.ready()
+            && self.service_cidrs.ready()
+    }
+}
+
+/// State shared by the watcher tasks and [`KubeSource`].
+#[derive(Debug)]
+struct Shared {
+    stores: Mutex<Stores>,
+    generation: watch::Sender<u64>,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Stores> {
+        self.stores.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Applies an event to the kind `slot` selects; bumps the generation when the
+    /// objects changed after every kind is ready, or when this event made them ready.
+    fn apply<K: Resource + PartialEq>(
+        &self,
+        event: Event<K>,
+        slot: fn(&mut Stores) -> &mut KindState<K>,
+    ) {
+        let mut stores = self.lock();
+        let was_ready = stores.ready();
+        let changed = slot(&mut stores).apply(event);
+        if stores.ready() && (changed || !was_ready) {
+            self.generation.send_modify(|g| *g += 1);
+        }
+    }
+}
+
+/// Watches the API and keeps the objects the proxy needs. Dropping it stops the
+/// watchers.
+#[derive(Debug)]
+pub struct KubeSource {
+    shared: Arc<Shared>,
+    tasks: Vec<JoinHandle<()>>,
+    service_cidrs: bool,
+}
+
+impl KubeSource {
+    /// Starts the watchers: Services and EndpointSlices with
+    /// [`PROXY_LABEL_SELECTOR`], the Node named `node_name`, and ServiceCIDRs when
+    /// the API serves `networking.k8s.io/v1` `servicecidrs` (a 404 on the group means
+    /// it does not; any other discovery error is returned). Must be called inside a
+    /// tokio runtime. The watchers retry with kube's default backoff forever.
+    pub async fn start(
+        client: ::kube::Client,
+        node_name: &str,
+    ) -> Result<KubeSource, KubeSourceError> {
+        let service_cidrs = serves_service_cidrs(&client).await?;
+        if !service_cidrs {
+            tracing::info!(
+                "the API does not serve {SERVICE_CIDR_GROUP_VERSION} ServiceCIDRs; not watching them"
+            );
+        }
+        let (generation, _) = watch::channel(0);
+        let shared = Arc::new(Shared {
+            stores: Mutex::new(Stores {
+                services: KindState::new(true),
+                endpoint_slices: KindState::new(true),
+                nodes: KindState::new(true),
+                service_cidrs: KindState::new(service_cidrs),
+            }),
+            generation,
+        });
+        let proxied = watcher::Config::default().labels(PROXY_LABEL_SELECTOR);
+        let mut tasks = vec![
+            spawn_watcher(
+                Api::<Service>::all(client.clone()),
+                proxied.clone(),
+                shared.clone(),
+                |s| &mut s.services,
+            ),
+            spawn_watcher(
+                Api::<EndpointSlice>::all(client.clone()),
+                proxied,
+                shared.clone(),
+                |s| &mut s.endpoint_slices,
+            ),
+            spawn_watcher(
+                Api::<Node>::all(client.clone()),
+                watcher::Config::default().fields(&format!("metadata.name={node_name}")),
+                shared.clone(),
+                |s| &mut s.nodes,
+            ),
+        ];
+        if service_cidrs {
+            tasks.push(spawn_watcher(
+                Api::<ServiceCIDR>::all(client),
+                watcher::Config::default(),
+                shared.clone(),
+                |s| &mut s.service_cidrs,
+            ));
+        }
+        Ok(KubeSource {
+            shared,
+            tasks,
+            service_cidrs,
+        })
+    }
+
+    /// The generation counter: 0 until every watcher has completed its first list,
+    /// then bumped once per applied event that changed the objects.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.shared.generation.subscribe()
+    }
+
+    /// The current objects, each kind sorted by `(namespace, name)`. The objects carry
+    /// no `resourceVersion` or `managedFields`.
+    pub fn snapshot(&self) -> Objects {
+        let stores = self.shared.lock();
+        Objects {
+            services: stores.services.objects.values().cloned().collect(),
+            endpoint_slices: stores.endpoint_slices.objects.values().cloned().collect(),
+            nodes: stores.nodes.objects.values().cloned().collect(),
+            service_cidrs: stores.service_cidrs.objects.values().cloned().collect(),
+        }
+    }
+
+    /// Whether every watcher has completed its first list.
+    pub fn ready(&self) -> bool {
+        self.shared.lock().ready()
+    }
+
+    /// Whether ServiceCIDRs are watched (the API served them at start).
+    pub fn watches_service_cidrs(&self) -> bool {
+        self.service_cidrs
+    }
+}
+
+impl Drop for KubeSource {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+/// Whether the API serves `networking.k8s.io/v1` `servicecidrs`.
+async fn serves_service_cidrs(client: &::kube::Client) -> Result<bool, KubeSourceError> {
+    match client
+        .list_api_group_resources(SERVICE_CIDR_GROUP_VERSION)
+        .await
+    {
+        Ok(list) => Ok(list.resources.iter().any(|r| r.name == "servicecidrs")),
+        Err(::kube::Error::Api(status)) if status.code == 404 => Ok(false),
+        Err(e) => Err(KubeSourceError::Discovery(e)),
+    }
+}
+
+/// Spawns the watcher task of one kind; its events go to the kind `slot` selects.
+fn spawn_watcher<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    shared: Arc<Shared>,
+    slot: fn(&mut Stores) -> &mut KindState<K>,
+) -> JoinHandle<()>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + PartialEq,
+    K: 'static,
+{
+    tokio::spawn(async move {
+        let kind = K::kind(&());
+        let stream = watcher::watcher(api, config)
+            .default_backoff()
+            .modify(strip_volatile::<K>);
+        let mut stream = std::pin::pin!(stream);
+        while let Some(item) = stream.next().await {
+            match item {
+                Ok(event) => shared.apply(event, slot),
+                Err(e) => tracing::warn!(%kind, "watch failed, retrying with backoff: {e}"),
+            }
+        }
+    })
+}
+
+/// Posts an `events.k8s.io/v1` Event "Starting" regarding our Node, as kube-proxy
+/// does at start-up. Best effort: a failure is logged and otherwise ignored.
+pub async fn post_starting_event(client: &::kube::Client, node_name: &str) {
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: REPORTING_CONTROLLER.into(),
+            instance: Some(node_name.into()),
+        },
+    );
+    // kube-proxy refers to its Node with the node name as UID.
+    let regarding = ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Node".into()),
+        name: Some(node_name.into()),
+        uid: Some(node_name.into()),
+        ..ObjectReference::default()
+    };
+    let event = KubeEvent {
+        type_: EventType::Normal,
+        reason: "Starting".into(),
+        note: Some("Starting kube-nlproxy.".into()),
+        action: "StartKubeProxy".into(),
+        secondary: None,
+    };
+    if let Err(e) = recorder.publish(&event, &regarding).await {
+        tracing::warn!(node = node_name, "posting the Starting event failed: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    fn svc(name: &str, rv: &str, ip: &str) -> Service {
+        let mut s = Service {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("ns".into()),
+                resource_version: Some(rv.into()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(k8s_openapi::api::core::v1::ServiceSpec {
+                cluster_ip: Some(ip.into()),
+                ..Default::default()
+            }),
+            ..Service::default()
+        };
+        strip_volatile(&mut s);
+        s
+    }
+
+    #[test]
+    fn first_list_then_events() {
+        let mut k = KindState::<Service>::new(true);
+        assert!(!k.ready());
+        assert!(!k.apply(Event::Init));
+        assert!(!k.apply(Event::InitApply(svc("a", "1", "10.0.0.1"))));
+        assert!(!k.ready());
+        assert!(k.apply(Event::InitDone));
+        assert!(k.ready());
+        assert_eq!(k.objects.len(), 1);
+        // Same content, new resourceVersion (stripped): no-op.
+        assert!(!k.apply(Event::Apply(svc("a", "2", "10.0.0.1"))));
+        assert!(k.apply(Event::Apply(svc("a", "3", "10.0.0.2"))));
+        assert!(k.apply(Event::Apply(svc("b", "4", "10.0.0.3"))));
+        assert!(k.apply(Event::Delete(svc("b", "5", "10.0.0.3"))));
+        assert!(!k.apply(Event::Delete(svc("b", "5", "10.0.0.3"))));
+        assert_eq!(k.objects.len(), 1);
+    }
+
+    #[test]
+    fn relist_swaps_and_surfaces_deletions() {
+        let mut k = KindState::<Service>::new(true);
+        k.apply(Event::Init);
+        k.apply(Event::InitApply(svc("a", "1", "10.0.0.1")));
+        k.apply(Event::InitApply(svc("b", "2", "10.0.0.2")));
+        k.apply(Event::InitDone);
+        // Identical relist: nothing changed; the old objects stay visible meanwhile.
+        assert!(!k.apply(Event::Init));
+        assert!(!k.apply(Event::InitApply(svc("a", "1", "10.0.0.1"))));
+        assert_eq!(k.objects.len(), 2);
+        assert!(!k.apply(Event::InitApply(svc("b", "2", "10.0.0.2"))));
+        assert!(!k.apply(Event::InitDone));
+        assert!(k.ready());
+        // A relist without b deletes b.
+        k.apply(Event::Init);
+        assert!(k.ready(), "a relist keeps the kind ready");
+        k.apply(Event::InitApply(svc("a", "1", "10.0.0.1")));
+        assert!(k.apply(Event::InitDone));
+        assert_eq!(
+            k.objects.keys().cloned().collect::<Vec<_>>(),
+            [("ns".to_string(), "a".to_string())]
+        );
+    }
+
+    #[test]
+    fn unwatched_kind_is_ready() {
+        assert!(KindState::<ServiceCIDR>::new(false).ready());
+    }
+
+    #[test]
+    fn generation_waits_for_every_kind() {
+        let (generation, rx) = watch::channel(0);
+        let shared = Shared {
+            stores: Mutex::new(Stores {
+                services: KindState::new(true),
+                endpoint_slices: KindState::new(true),
+                nodes: KindState::new(true),
+                service_cidrs: KindState::new(false),
+            }),
+            generation,
+        };
+        shared.apply(Event::Init, |s| &mut s.services);
+        shared.apply(Event::InitApply(svc("a", "1", "10.0.0.1")), |s| {
+            &mut s.services
+        });
+        shared.apply(Event::InitDone, |s| &mut s.services);
+        shared.apply(Event::Init, |s| &mut s.endpoint_slices);
+        shared.apply(Event::InitDone, |s| &mut s.endpoint_slices);
+        assert_eq!(*rx.borrow(), 0);
+        shared.apply(Event::Init, |s| &mut s.nodes);
+        shared.apply(Event::InitDone, |s| &mut s.nodes);
+        assert_eq!(*rx.borrow(), 1);
+        shared.apply(Event::Apply(svc("a", "2", "10.0.0.1")), |s| &mut s.services);
+        assert_eq!(*rx.borrow(), 1);
+        shared.apply(Event::Apply(svc("a", "3", "10.0.0.9")), |s| &mut s.services);
+        assert_eq!(*rx.borrow(), 2);
+    }
+}

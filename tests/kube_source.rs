@@ -1,0 +1,648 @@
+//! `source::kube` against the fake API server of `tests/common/apiserver.rs`, through
+//! the real kube client: initial sync gating, label/field selectors, event
+//! application, no-op suppression, recovery from cut watches and 410 Gone relists,
+//! ServiceCIDR discovery, the Starting event, and client configuration.
+//!
+//! No root needed.
+
+mod common;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use common::apiserver::{FakeApiServer, Options, Resource};
+use kube::ResourceExt;
+use kube_nlproxy::source::kube::{
+    KubeSource, KubeSourceConfig, KubeSourceError, PROXY_LABEL_SELECTOR, client,
+    post_starting_event,
+};
+use serde_json::{Value, json};
+use tokio::sync::watch::Receiver;
+
+const NODE: &str = "node-a";
+/// Recovery paths go through kube's backoff (0.8 s doubling, jitter).
+const RECOVERY: Duration = Duration::from_secs(30);
+/// How long "nothing more happens" is watched for.
+const QUIET: Duration = Duration::from_millis(700);
+
+fn service(name: &str, ip: &str) -> Value {
+    service_labelled(name, ip, json!({}))
+}
+
+fn service_labelled(name: &str, ip: &str, labels: Value) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": name, "namespace": "default", "labels": labels},
+        "spec": {
+            "clusterIP": ip, "clusterIPs": [ip], "type": "ClusterIP",
+            "ports": [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080}],
+        },
+    })
+}
+
+fn slice(name: &str, service: &str, ip: &str) -> Value {
+    json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {
+            "name": name, "namespace": "default",
+            "labels": {"kubernetes.io/service-name": service},
+        },
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": [ip], "conditions": {"ready": true}, "nodeName": NODE}],
+        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+    })
+}
+
+fn node(name: &str, ip: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name},
+        "status": {"addresses": [{"type": "InternalIP", "address": ip}]},
+    })
+}
+
+fn service_cidr(name: &str, cidr: &str) -> Value {
+    json!({
+        "apiVersion": "networking.k8s.io/v1", "kind": "ServiceCIDR",
+        "metadata": {"name": name},
+        "spec": {"cidrs": [cidr]},
+    })
+}
+
+fn names<K: ResourceExt>(objects: &[K]) -> Vec<String> {
+    objects.iter().map(|o| o.name_any()).collect()
+}
+
+fn kubeconfig_path(server: &FakeApiServer, tag: &str) -> PathBuf {
+    let path = std::env::temp_dir().join(format!(
+        "kube-nlproxy-test-{}-{tag}.kubeconfig",
+        std::process::id()
+    ));
+    server.write_kubeconfig(&path);
+    path
+}
+
+async fn kube_client(server: &FakeApiServer, tag: &str) -> kube::Client {
+    let cfg = KubeSourceConfig {
+        kubeconfig: Some(kubeconfig_path(server, tag)),
+        master: None,
+        node_name: NODE.into(),
+    };
+    client(&cfg).await.expect("client")
+}
+
+async fn start(server: &FakeApiServer, tag: &str) -> (KubeSource, Receiver<u64>) {
+    let source = KubeSource::start(kube_client(server, tag).await, NODE)
+        .await
+        .expect("start");
+    let rx = source.subscribe();
+    (source, rx)
+}
+
+/// Waits until the generation satisfies `cond`; returns it.
+async fn wait_generation(rx: &mut Receiver<u64>, what: &str, cond: impl Fn(u64) -> bool) -> u64 {
+    let wait = async {
+        loop {
+            let g = *rx.borrow_and_update();
+            if cond(g) {
+                return g;
+            }
+            rx.changed().await.expect("source dropped");
+        }
+    };
+    match tokio::time::timeout(RECOVERY, wait).await {
+        Ok(g) => g,
+        Err(_) => panic!("timed out waiting for {what}; generation {}", *rx.borrow()),
+    }
+}
+
+/// Polls `cond` (without blocking the runtime) until it holds.
+async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + RECOVERY;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Starts a source on objects created beforehand and waits for its first sync.
+async fn synced(server: &FakeApiServer, tag: &str) -> (KubeSource, Receiver<u64>) {
+    let (source, mut rx) = start(server, tag).await;
+    let g = wait_generation(&mut rx, "the initial sync", |g| g > 0).await;
+    assert_eq!(g, 1, "the first sync is generation 1");
+    (source, rx)
+}
+
+fn base_objects(server: &FakeApiServer) {
+    server.create(node(NODE, "10.77.0.1"));
+    server.create(service("a", "10.96.0.10"));
+    server.create(slice("a-1", "a", "10.244.1.5"));
+}
+
+#[tokio::test]
+async fn generation_stays_zero_until_every_initial_list_is_done() {
+    let server = FakeApiServer::start();
+    base_objects(&server);
+    // The Node list fails (HTTP 500 reaches the watcher, which backs off), so
+    // Services and EndpointSlices finish their lists first.
+    server.fail_next(Resource::Nodes, 500, 2);
+    let (source, mut rx) = start(&server, "gating").await;
+    eventually(
+        "services, slices and cidrs listed; node list failed",
+        || {
+            server.watch_count(Resource::Services) >= 1
+                && server.watch_count(Resource::EndpointSlices) >= 1
+                && server.watch_count(Resource::ServiceCidrs) >= 1
+                && server.list_count(Resource::Nodes) >= 1
+        },
+    )
+    .await;
+    // A change before the node is listed does not bump either.
+    server.create(service("early", "10.96.0.11"));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(*rx.borrow(), 0, "no generation before the Node list");
+    assert!(!source.ready());
+    let g = wait_generation(&mut rx, "the initial sync", |g| g > 0).await;
+    assert_eq!(g, 1);
+    assert!(source.ready());
+    assert!(
+        server.list_count(Resource::Nodes) >= 3,
+        "two failed lists, then one"
+    );
+    let snap = source.snapshot();
+    assert_eq!(names(&snap.services), ["a", "early"]);
+    assert_eq!(names(&snap.endpoint_slices), ["a-1"]);
+    assert_eq!(names(&snap.nodes), [NODE]);
+}
+
+#[tokio::test]
+async fn selectors_and_initial_snapshot() {
+    let server = FakeApiServer::start();
+    base_objects(&server);
+    server.create(node("node-b", "10.77.0.2"));
+    server.create(service_labelled(
+        "other-proxy",
+        "10.96.0.20",
+        json!({"service.kubernetes.io/service-proxy-name": "other"}),
+    ));
+    server.create(service_labelled(
+        "headless",
+        "None",
+        json!({"service.kubernetes.io/headless": ""}),
+    ));
+    let mut excluded_slice = slice("other-proxy-1", "other-proxy", "10.244.1.9");
+    excluded_slice["metadata"]["labels"]["service.kubernetes.io/service-proxy-name"] =
+        json!("other");
+    server.create(excluded_slice);
+    let (source, mut rx) = synced(&server, "selectors").await;
+    let snap = source.snapshot();
+    assert_eq!(names(&snap.services), ["a"]);
+    assert_eq!(names(&snap.endpoint_slices), ["a-1"]);
+    assert_eq!(names(&snap.nodes), [NODE]);
+    // Stored objects carry no resourceVersion.
+    assert!(snap.services[0].metadata.resource_version.is_none());
+
+    // What the watchers asked for.
+    let requests = server.requests();
+    for r in requests.iter().filter(|r| {
+        matches!(
+            r.resource(),
+            Some(Resource::Services | Resource::EndpointSlices)
+        )
+    }) {
+        assert_eq!(
+            r.param("labelSelector"),
+            Some(PROXY_LABEL_SELECTOR),
+            "{r:?}"
+        );
+    }
+    for r in requests
+        .iter()
+        .filter(|r| r.resource() == Some(Resource::Nodes))
+    {
+        assert_eq!(
+            r.param("fieldSelector"),
+            Some(format!("metadata.name={NODE}").as_str()),
+            "{r:?}"
+        );
+    }
+
+    // A new excluded service and another node never show; the next included
+    // service bumps the generation exactly once.
+    server.create(service_labelled(
+        "other-proxy-2",
+        "10.96.0.21",
+        json!({"service.kubernetes.io/service-proxy-name": "other"}),
+    ));
+    server.create(node("node-c", "10.77.0.3"));
+    server.create(service("b", "10.96.0.30"));
+    let g = wait_generation(&mut rx, "service b", |g| g > 1).await;
+    tokio::time::sleep(QUIET).await;
+    assert_eq!(*rx.borrow(), g);
+    assert_eq!(g, 2);
+    let snap = source.snapshot();
+    assert_eq!(names(&snap.services), ["a", "b"]);
+    assert_eq!(names(&snap.nodes), [NODE]);
+
+    // Our node changes: bump.
+    server.update(node(NODE, "10.77.0.9"));
+    wait_generation(&mut rx, "node update", |g| g > 2).await;
+    let snap = source.snapshot();
+    let addr = &snap.nodes[0]
+        .status
+        .as_ref()
+        .unwrap()
+        .addresses
+        .as_ref()
+        .unwrap()[0];
+    assert_eq!(addr.address, "10.77.0.9");
+}
+
+#[tokio::test]
+async fn modify_noop_and_delete() {
+    let server = FakeApiServer::start();
+    base_objects(&server);
+    server.create(service("b", "10.96.0.30"));
+    let (source, mut rx) = synced(&server, "modify").await;
+
+    server.update(service("a", "10.96.0.99"));
+    let g = wait_generation(&mut rx, "modify a", |g| g > 1).await;
+    let snap = source.snapshot();
+    let a = snap.services.iter().find(|s| s.name_any() == "a").unwrap();
+    assert_eq!(
+        a.spec.as_ref().unwrap().cluster_ip.as_deref(),
+        Some("10.96.0.99")
+    );
+
+    // A write with identical content (new resourceVersion, MODIFIED event) is a
+    // no-op; the marker after it is the only bump.
+    server.update(service("a", "10.96.0.99"));
+    server.update(slice("a-1", "a", "10.244.1.5"));
+    server.update(service("b", "10.96.0.31"));
+    let g2 = wait_generation(&mut rx, "modify b", |x| x > g).await;
+    tokio::time::sleep(QUIET).await;
+    assert_eq!(*rx.borrow(), g2);
+    assert_eq!(g2, g + 1, "no-op updates must not bump the generation");
+
+    server.delete(&service("a", ""));
+    server.delete(&slice("a-1", "a", ""));
+    wait_generation(&mut rx, "deletions", |x| x >= g2 + 2).await;
+    let snap = source.snapshot();
+    assert_eq!(names(&snap.services), ["b"]);
+    assert!(snap.endpoint_slices.is_empty());
+
+    // Labelling a service out of our selector deletes it from our view.
+    server.update(service_labelled(
+        "b",
+        "10.96.0.31",
+        json!({"service.kubernetes.io/service-proxy-name": "other"}),
+    ));
+    eventually("b labelled away", || source.snapshot().services.is_empty()).await;
+}
+
+#[tokio::test]
+async fn dropped_watches_resume_without_bump() {
+    let server = FakeApiServer::start();
+    base_objects(&server);
+    let (source, mut rx) = synced(&server, "drop").await;
+    let watches = server.watch_count(Resource::Services);
+    let lists = server.list_count(Resource::Services);
+
+    server.drop_watches();
+    eventually("watches re-established", || {
+        server.watch_count(Resource::Services) > watches && server.open_watches() >= 4
+    })
+    .await;
+    tokio::time::sleep(QUIET).await;
+    assert_eq!(*rx.borrow(), 1, "resuming a watch is not a change");
+    assert_eq!(
+        server.list_count(Resource::Services),
+        lists,
+        "a cut watch resumes from its resourceVersion without a relist"
+    );
+
+    // Changes made while the watch is down arrive from the history.
+    server.drop_watches();
+    server.create(service("during", "10.96.0.40"));
+    server.delete(&slice("a-1", "a", ""));
+    wait_generation(&mut rx, "changes made during the outage", |g| g >= 3).await;
+    let snap = source.snapshot();
+    assert_eq!(names(&snap.services), ["a", "during"]);
+    assert!(snap.endpoint_slices.is_empty());
+
+    // And later changes still arrive.
+    server.create(service("after", "10.96.0.41"));
+    wait_generation(&mut rx, "a later change", |g| g >= 4).await;
+    assert_eq!(names(&source.snapshot().services), ["a", "after", "during"]);
+}
+
+#[tokio::test]
+async fn expired_history_relists_without_bump_when_unchanged() {
+    let server = FakeApiServer::start();
+    base_objects(&server);
+    let (source, mut rx) = synced(&server, "expire").await;
+    let lists = [
+        Resource::Services,
+        Resource::EndpointSlices,
+        Resource::Nodes,
+        Resource::ServiceCidrs,
+    ]
+    .map(|r| server.list_count(r));
+
+    server.expire_history();
+    eventually("every kind relisted", || {
+        [
+            Resource::Services,
+            Resource::EndpointSlices,
+            Resource::Nodes,
+            Resource::ServiceCidrs,
+        ]
+        .iter()
+        .zip(lists)
+        .all(|(r, n)| server.list_count(*r) > n)
+            && server.open_watches() >= 4
+    })
+    .await;
+    tokio::time::sleep(QUIET).await;
+    assert_eq!(
+        *rx.borrow(),
+        1,
+        "a relist of identical objects is not a change"
+    );
+    assert!(source.ready());
+
+    server.create(service("b", "10.96.0.30"));
+    let g = wait_generation(&mut rx, "a change after the relist", |g| g > 1).await;
+    assert_eq!(g, 2);
+    assert_eq!(names(&source.snapshot().services), ["a", "b"]);
+
+    // A relist whose objects only have new resourceVersions (no-op writes while the
+    // watch was down) is not a change either.
+    let lists = server.list_count(Resource::Services);
+    server.fail_next(Resource::Services, 500, 1);
+    server.drop_watches();
+    server.update(service("a", "10.96.0.10"));
+    server.update(service("b", "10.96.0.30"));
+    server.expire_history();
+    eventually("services relisted", || {
+        server.list_count(Resource::Services) > lists && server.open_watches() >= 4
+    })
+    .await;
+    tokio::time::sleep(QUIET).await;
+    assert_eq!(*rx.borrow(), 2, "only resourceVersions moved");
+}
+
+#[tokio::test]
+async fn deletions_while_disconnected_surface_after_relist() {
+    let server = FakeApiServer::start();
+    base_objects(&server);
+    server.create(service("b", "10.96.0.30"));
+    server.create(slice("b-1", "b", "10.244.1.6"));
+    let (source, mut rx) = synced(&server, "relist-delete").await;
+    let lists = server.list_count(Resource::Services);
+
+    // Cut the watches and fail the first reconnects, so the deletions are never
+    // streamed; then forget the history, so the reconnect gets 410 and relists.
+    server.fail_next(Resource::Services, 500, 1);
+    server.fail_next(Resource::EndpointSlices, 500, 1);
+    server.drop_watches();
+    server.delete(&service("b", ""));
+    server.delete(&slice("b-1", "b", ""));
+    server.update(service("a", "10.96.0.11"));
+    server.expire_history();
+
+    wait_generation(&mut rx, "the relist", |g| g > 1).await;
+    eventually("b gone and a updated", || {
+        let snap = source.snapshot();
+        names(&snap.services) == ["a"]
+            && names(&snap.endpoint_slices) == ["a-1"]
+            && snap.services[0]
+                .spec
+                .as_ref()
+                .unwrap()
+                .cluster_ip
+                .as_deref()
+                == Some("10.96.0.11")
+    })
+    .await;
+    assert!(
+        server.list_count(Resource::Services) > lists,
+        "recovered through a relist"
+    );
+}
+
+#[tokio::test]
+async fn service_cidrs_when_served() {
+    let server = FakeApiServer::start();
+    base_objects(&server);
+    server.create(service_cidr("kubernetes", "10.96.0.0/16"));
+    let (source, mut rx) = synced(&server, "cidrs").await;
+    assert!(source.watches_service_cidrs());
+    assert_eq!(names(&source.snapshot().service_cidrs), ["kubernetes"]);
+    server.create(service_cidr("extra", "10.97.0.0/16"));
+    wait_generation(&mut rx, "new ServiceCIDR", |g| g > 1).await;
+    assert_eq!(
+        names(&source.snapshot().service_cidrs),
+        ["extra", "kubernetes"]
+    );
+}
+
+#[tokio::test]
+async fn service_cidrs_skipped_when_not_served() {
+    let server = FakeApiServer::start_with(Options {
+        serve_service_cidrs: false,
+        ..Options::default()
+    });
+    base_objects(&server);
+    let (source, _rx) = synced(&server, "no-cidrs").await;
+    assert!(!source.watches_service_cidrs());
+    assert!(source.snapshot().service_cidrs.is_empty());
+    let requests = server.requests();
+    assert!(
+        requests
+            .iter()
+            .any(|r| r.path == "/apis/networking.k8s.io/v1"),
+        "{requests:?}"
+    );
+    assert!(
+        requests
+            .iter()
+            .all(|r| r.resource() != Some(Resource::ServiceCidrs)),
+        "{requests:?}"
+    );
+}
+
+#[tokio::test]
+async fn starting_event_is_posted() {
+    let server = FakeApiServer::start();
+    let client = kube_client(&server, "event").await;
+    post_starting_event(&client, NODE).await;
+    let events = server.posted_events();
+    assert_eq!(events.len(), 1, "{events:?}");
+    let e = &events[0];
+    assert_eq!(e["reason"], "Starting");
+    assert_eq!(e["action"], "StartKubeProxy");
+    assert_eq!(e["reportingController"], "kube-nlproxy");
+    assert_eq!(e["regarding"]["kind"], "Node");
+    assert_eq!(e["regarding"]["name"], NODE);
+    assert_eq!(e["metadata"]["namespace"], "default");
+    assert!(server.requests().iter().any(
+        |r| r.method == "POST" && r.path == "/apis/events.k8s.io/v1/namespaces/default/events"
+    ));
+    // Best effort: a server that is gone only logs.
+    drop(server);
+    post_starting_event(&client, NODE).await;
+}
+
+#[tokio::test]
+async fn client_configuration() {
+    let server = FakeApiServer::start();
+    base_objects(&server);
+
+    // --master overrides the kubeconfig's cluster URL.
+    let dead = std::env::temp_dir().join(format!(
+        "kube-nlproxy-test-{}-dead.kubeconfig",
+        std::process::id()
+    ));
+    common::apiserver::write_kubeconfig(&dead, "http://127.0.0.1:1");
+    let cfg = KubeSourceConfig {
+        kubeconfig: Some(dead.clone()),
+        master: Some(server.url()),
+        node_name: NODE.into(),
+    };
+    let c = client(&cfg).await.expect("client");
+    let source = KubeSource::start(c, NODE)
+        .await
+        .expect("start via --master");
+    let mut rx = source.subscribe();
+    wait_generation(&mut rx, "sync via --master", |g| g > 0).await;
+    drop(source);
+
+    // --master alone.
+    let cfg = KubeSourceConfig {
+        kubeconfig: None,
+        master: Some(server.url()),
+        node_name: NODE.into(),
+    };
+    let c = client(&cfg).await.expect("client");
+    assert!(KubeSource::start(c, NODE).await.is_ok());
+
+    // Errors name the phase.
+    let cfg = KubeSourceConfig {
+        kubeconfig: None,
+        master: Some("http://exa mple".into()),
+        node_name: NODE.into(),
+    };
+    assert!(matches!(
+        client(&cfg).await,
+        Err(KubeSourceError::MasterUrl { .. })
+    ));
+    let cfg = KubeSourceConfig {
+        kubeconfig: Some("/nonexistent/kubeconfig".into()),
+        master: None,
+        node_name: NODE.into(),
+    };
+    assert!(matches!(
+        client(&cfg).await,
+        Err(KubeSourceError::KubeconfigRead { .. })
+    ));
+    // Discovery against a dead server fails at start (not a 404: not "skip").
+    let cfg = KubeSourceConfig {
+        kubeconfig: Some(dead),
+        master: None,
+        node_name: NODE.into(),
+    };
+    let c = client(&cfg).await.expect("client");
+    assert!(matches!(
+        KubeSource::start(c, NODE).await,
+        Err(KubeSourceError::Discovery(_))
+    ));
+}
+
+/// The fake server itself: selectors, 410 inside a 200 watch stream, streaming lists.
+#[tokio::test]
+async fn fake_server_protocol() {
+    use futures::StreamExt;
+    use k8s_openapi::api::core::v1::Service;
+    use kube::api::{Api, ListParams};
+    use kube::runtime::watcher;
+    use std::io::{Read, Write};
+
+    let server = FakeApiServer::start();
+    server.create(service_labelled("x", "10.96.0.1", json!({"tier": "web"})));
+    server.create(service_labelled("y", "10.96.0.2", json!({"tier": "db"})));
+    server.create(service("z", "10.96.0.3"));
+    let client = kube_client(&server, "protocol").await;
+    let api: Api<Service> = Api::all(client);
+    let list = |selector: &'static str| {
+        let api = api.clone();
+        async move {
+            let l = api
+                .list(&ListParams::default().labels(selector))
+                .await
+                .unwrap();
+            names(&l.items)
+        }
+    };
+    assert_eq!(list("tier").await, ["x", "y"]);
+    assert_eq!(list("!tier").await, ["z"]);
+    assert_eq!(list("tier=web").await, ["x"]);
+    assert_eq!(list("tier!=web").await, ["y", "z"]);
+    let by_name = api
+        .list(&ListParams::default().fields("metadata.name=y"))
+        .await
+        .unwrap();
+    assert_eq!(names(&by_name.items), ["y"]);
+    assert_eq!(
+        by_name.metadata.resource_version,
+        Some(server.resource_version().to_string())
+    );
+
+    // A watch from a forgotten resourceVersion: 200, one ERROR event (410 Expired).
+    server.expire_history();
+    let addr = server.addr();
+    let raw = tokio::task::spawn_blocking(move || {
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        write!(
+            s,
+            "GET /api/v1/services?&watch=true&resourceVersion=1 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    })
+    .await
+    .unwrap();
+    assert!(raw.starts_with("HTTP/1.1 200"), "{raw}");
+    assert!(
+        raw.contains(r#""type":"ERROR""#) && raw.contains(r#""code":410"#),
+        "{raw}"
+    );
+    assert!(raw.contains(r#""reason":"Expired""#), "{raw}");
+
+    // Streaming lists end at the initial-events-end bookmark.
+    let mut stream = std::pin::pin!(watcher::watcher(
+        api.clone(),
+        watcher::Config::default().streaming_lists()
+    ));
+    let mut listed = Vec::new();
+    let done = tokio::time::timeout(RECOVERY, async {
+        while let Some(ev) = stream.next().await {
+            match ev.unwrap() {
+                watcher::Event::InitApply(s) => listed.push(s.name_any()),
+                watcher::Event::InitDone => return,
+                _ => {}
+            }
+        }
+    })
+    .await;
+    assert!(done.is_ok(), "streaming list never completed");
+    assert_eq!(listed, ["x", "y", "z"]);
+    let streaming = server
+        .requests()
+        .into_iter()
+        .any(|r| r.param("sendInitialEvents") == Some("true"));
+    assert!(streaming);
+}
