@@ -46,7 +46,7 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cfg.command {
             Command::Run => proxier::run(&cfg).await,
-            Command::Plan => proxier::plan(&cfg),
+            Command::Plan => proxier::plan(&cfg).await,
             Command::Cleanup => proxier::cleanup(),
         }
     });

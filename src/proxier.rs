@@ -2,7 +2,6 @@
 //! `source -> model -> mode -> sync` together; the only place with a clock.
 
 use std::net::IpAddr;
-use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use ipnet::IpNet;
@@ -12,8 +11,9 @@ use crate::mode::nftables::{
     LocalDetector, NftablesOptions, NodePortAddresses, TableSpec, desired_tables, table_summary,
 };
 use crate::model::{BuildOptions, ClusterState, build};
-use crate::source::Objects;
 use crate::source::file::{self, FileSource};
+use crate::source::kube::{self as kube_source, KubeSource, KubeSourceConfig};
+use crate::source::{ObjectSource, Objects};
 use crate::sync::{NetlinkDataplane, SyncError, Syncer};
 
 /// Errors that end a command.
@@ -34,6 +34,9 @@ pub enum ProxierError {
     /// The source stopped delivering updates.
     #[error("the object source ended")]
     SourceEnded,
+    /// The API server source could not start.
+    #[error("kube source: {0}")]
+    Kube(String),
     /// IPVS, `kube-ipvs0` or the KUBE-* ipsets could not be synced.
     #[error("ipvs mode: {0}")]
     Ipvs(String),
@@ -49,15 +52,6 @@ fn node_name(cfg: &Config) -> String {
             .map(|s| s.trim().to_lowercase())
             .unwrap_or_default()
     })
-}
-
-fn file_path(cfg: &Config) -> Result<PathBuf, ProxierError> {
-    match &cfg.source {
-        Source::File(path) => Ok(path.clone()),
-        Source::Kube => Err(ProxierError::Unsupported(
-            "--source kube (use --source file:PATH)",
-        )),
-    }
 }
 
 /// Builds the cluster state; returns the skipped objects and fields as messages.
@@ -163,15 +157,20 @@ fn desired(cfg: &Config, objects: &Objects) -> Result<Vec<TableSpec>, ProxierErr
 }
 
 /// `kube-nlproxy plan`: print what a sync would send.
-pub fn plan(cfg: &Config) -> Result<(), ProxierError> {
+pub async fn plan(cfg: &Config) -> Result<(), ProxierError> {
     if cfg.mode == ProxyMode::Ipvs {
         return Err(ProxierError::Unsupported("plan with --proxy-mode ipvs"));
     }
-    let path = file_path(cfg)?;
-    let (objects, source_warnings) = file::load_path(&path)?;
-    for w in &source_warnings {
-        tracing::warn!("{w}");
-    }
+    let objects = match &cfg.source {
+        Source::File(path) => {
+            let (objects, warnings) = file::load_path(path)?;
+            for w in &warnings {
+                tracing::warn!("{w}");
+            }
+            objects
+        }
+        Source::Kube => initial_objects(start_source(cfg).await?.as_ref()).await?,
+    };
     let tables = desired(cfg, &objects)?;
     let mut syncer = Syncer::new(NetlinkDataplane::new()?);
     let ops = syncer.plan(&tables)?;
@@ -193,19 +192,6 @@ pub fn cleanup() -> Result<(), ProxierError> {
     let n = crate::ipvs_proxier::cleanup_ipvs(&Default::default())?;
     tracing::info!("cleanup: {n} IPVS-mode operation(s)");
     Ok(())
-}
-
-/// One sync of the manifests at `path` (for `--once`).
-fn sync_once(
-    cfg: &Config,
-    path: &Path,
-    syncer: &mut Syncer<NetlinkDataplane>,
-) -> Result<Vec<TableSpec>, ProxierError> {
-    let (objects, source_warnings) = file::load_path(path)?;
-    for w in &source_warnings {
-        tracing::warn!("{w}");
-    }
-    sync_objects(cfg, &objects, syncer)
 }
 
 /// One sync: build, diff, apply; logs what was sent.
@@ -230,15 +216,51 @@ fn sync_objects(
     Ok(tables)
 }
 
+/// Starts the configured source: the manifests at `--source file:PATH`, or the API
+/// server (in-cluster, `--kubeconfig`, `--master`) for `--source kube`.
+async fn start_source(cfg: &Config) -> Result<Box<dyn ObjectSource>, ProxierError> {
+    match &cfg.source {
+        Source::File(path) => {
+            let poll =
+                Duration::from_millis(200).min(cfg.min_sync_period.max(Duration::from_millis(50)));
+            Ok(Box::new(FileSource::start(path.clone(), poll)?))
+        }
+        Source::Kube => {
+            let node = node_name(cfg);
+            let kcfg = KubeSourceConfig {
+                kubeconfig: cfg.kubeconfig.clone(),
+                master: cfg.master.clone(),
+                node_name: node.clone(),
+            };
+            let client = kube_source::client(&kcfg)
+                .await
+                .map_err(|e| ProxierError::Kube(e.to_string()))?;
+            let source = KubeSource::start(client.clone(), &node)
+                .await
+                .map_err(|e| ProxierError::Kube(e.to_string()))?;
+            tokio::spawn(async move { kube_source::post_starting_event(&client, &node).await });
+            Ok(Box::new(source))
+        }
+    }
+}
+
+/// Waits until the source has its initial state (every initial list done).
+async fn initial_objects(source: &dyn ObjectSource) -> Result<Objects, ProxierError> {
+    let mut changes = source.subscribe();
+    while *changes.borrow_and_update() == 0 {
+        if changes.changed().await.is_err() {
+            return Err(ProxierError::SourceEnded);
+        }
+    }
+    Ok(source.snapshot())
+}
+
 /// `kube-nlproxy [run]`: sync, then follow changes (or exit with `--once`).
 pub async fn run(cfg: &Config) -> Result<(), ProxierError> {
-    let path = file_path(cfg)?;
     if cfg.mode == ProxyMode::Ipvs {
         crate::config::host::apply_conntrack(&cfg.conntrack);
-        let poll =
-            Duration::from_millis(200).min(cfg.min_sync_period.max(Duration::from_millis(50)));
-        let source = FileSource::start(path, poll)?;
-        return crate::ipvs_proxier::run_ipvs(cfg, &source).await;
+        let source = start_source(cfg).await?;
+        return crate::ipvs_proxier::run_ipvs(cfg, source.as_ref()).await;
     }
     // Coming from ipvs mode: remove its objects (the shared nft table is
     // converted by the ordinary diff).
@@ -250,7 +272,17 @@ pub async fn run(cfg: &Config) -> Result<(), ProxierError> {
     let mut syncer = Syncer::new(NetlinkDataplane::new()?);
     if cfg.once {
         let started = Instant::now();
-        let tables = sync_once(cfg, &path, &mut syncer)?;
+        let objects = match &cfg.source {
+            Source::File(path) => {
+                let (objects, warnings) = file::load_path(path)?;
+                for w in &warnings {
+                    tracing::warn!("{w}");
+                }
+                objects
+            }
+            Source::Kube => initial_objects(start_source(cfg).await?.as_ref()).await?,
+        };
+        let tables = sync_objects(cfg, &objects, &mut syncer)?;
         let differing = syncer.verify(&tables)?;
         if !differing.is_empty() {
             return Err(ProxierError::Mismatch(differing.join(" | ")));
@@ -266,7 +298,6 @@ pub async fn run(cfg: &Config) -> Result<(), ProxierError> {
     if let Some(adj) = cfg.oom_score_adj {
         crate::config::host::apply_oom_score_adj(adj);
     }
-    let poll = Duration::from_millis(200).min(cfg.min_sync_period.max(Duration::from_millis(50)));
-    let source = FileSource::start(path, poll)?;
-    crate::daemon::run(cfg, &source, syncer).await
+    let source = start_source(cfg).await?;
+    crate::daemon::run(cfg, source.as_ref(), syncer).await
 }

@@ -484,6 +484,16 @@ pub async fn post_starting_event(client: &::kube::Client, node_name: &str) {
     }
 }
 
+impl super::ObjectSource for KubeSource {
+    fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        KubeSource::subscribe(self)
+    }
+
+    fn snapshot(&self) -> Objects {
+        KubeSource::snapshot(self)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
