@@ -25,10 +25,72 @@ use crate::sync::{NetlinkDataplane, Syncer};
 /// EndpointSlice annotation with the time of the change that caused it.
 const TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-trigger-time";
 
+/// A proxy mode as the daemon drives it: program a cluster state, report what was
+/// sent.
+pub trait Backend {
+    /// `/proxyMode` and metric label: `nftables` or `ipvs`.
+    fn mode(&self) -> &'static str;
+    /// Brings the kernel to `state`; returns operation counts by kind (empty:
+    /// nothing was sent).
+    fn sync(
+        &mut self,
+        cfg: &Config,
+        state: &ClusterState,
+    ) -> Result<BTreeMap<&'static str, usize>, ProxierError>;
+    /// Makes the next sync read the kernel back.
+    fn request_full_sync(&mut self);
+    /// Netlink messages sent so far.
+    fn messages_sent(&self) -> u64;
+    /// When the next sync is needed without any change (e.g. draining real
+    /// servers to re-check).
+    fn recheck_after(&self) -> Option<Duration> {
+        None
+    }
+}
+
+/// nftables mode.
+pub struct NftablesBackend {
+    syncer: Syncer<NetlinkDataplane>,
+}
+
+impl NftablesBackend {
+    /// Over `syncer`.
+    pub fn new(syncer: Syncer<NetlinkDataplane>) -> Self {
+        NftablesBackend { syncer }
+    }
+}
+
+impl Backend for NftablesBackend {
+    fn mode(&self) -> &'static str {
+        "nftables"
+    }
+
+    fn sync(
+        &mut self,
+        cfg: &Config,
+        state: &ClusterState,
+    ) -> Result<BTreeMap<&'static str, usize>, ProxierError> {
+        let opts = nftables_options(cfg, state)?;
+        let tables = desired_tables(state, &opts);
+        for conflict in tables.iter().flat_map(|t| &t.conflicts) {
+            tracing::warn!("conflicting services: {conflict}");
+        }
+        Ok(self.syncer.sync(&tables)?.ops)
+    }
+
+    fn request_full_sync(&mut self) {
+        self.syncer.request_full_sync();
+    }
+
+    fn messages_sent(&self) -> u64 {
+        self.syncer.dataplane().messages_sent()
+    }
+}
+
 /// What the daemon remembers between syncs.
 struct Daemon<'a> {
     cfg: &'a Config,
-    syncer: Syncer<NetlinkDataplane>,
+    backend: &'a mut dyn Backend,
     health: Arc<ProxyHealth>,
     metrics: Arc<Metrics>,
     service_health: Option<ServiceHealthServer>,
@@ -109,45 +171,34 @@ impl Daemon<'_> {
             .find(|n| n.metadata.name.as_deref() == Some(state.node.name.as_str()));
         self.health.set_node(node.map(NodeEligibility::of));
 
-        let result = nftables_options(self.cfg, &state).map(|opts| {
-            let tables = desired_tables(&state, &opts);
-            (opts, tables)
-        });
-        let (opts, tables) = match result {
-            Ok(x) => x,
+        let nodeports = match nftables_options(self.cfg, &state) {
+            Ok(opts) => opts.nodeport_addresses,
             Err(e) => {
                 tracing::error!("sync failed: {e}");
                 self.metrics.inc_sync_failures();
                 return false;
             }
         };
-        for conflict in tables.iter().flat_map(|t| &t.conflicts) {
-            tracing::warn!("conflicting services: {conflict}");
-        }
-        let outcome = match self.syncer.sync(&tables) {
-            Ok(o) => o,
+        let ops = match self.backend.sync(self.cfg, &state) {
+            Ok(ops) => ops,
             Err(e) => {
                 tracing::error!("sync failed, the next one reads the kernel back: {e}");
+                self.backend.request_full_sync();
                 self.metrics.inc_sync_failures();
                 return false;
             }
         };
         let elapsed = started.elapsed();
-        if outcome.ops.is_empty() {
-            tracing::debug!(
-                full = outcome.full,
-                ?elapsed,
-                "sync: kernel already up to date"
-            );
+        if ops.is_empty() {
+            tracing::debug!(?elapsed, "sync: kernel already up to date");
         } else {
-            tracing::info!(full = outcome.full, ?elapsed, ops = ?outcome.ops, "sync: committed");
+            tracing::info!(?elapsed, ?ops, "sync: committed");
         }
-        self.record_success(&outcome.ops, elapsed, objects, &changed_slices);
+        self.record_success(&ops, elapsed, objects, &changed_slices);
         self.seen_services = services;
         self.seen_slices = slices;
 
-        self.update_service_health(&state, &opts.nodeport_addresses)
-            .await;
+        self.update_service_health(&state, &nodeports).await;
         if let Some(prev) = &self.committed {
             clear_stale_conntrack(&stale_flows(prev, &state), &self.metrics);
         }
@@ -169,9 +220,9 @@ impl Daemon<'_> {
             .set_sync_operations(ops.iter().map(|(k, v)| (*k, *v)));
         self.metrics.set_endpoint_changes_pending(0);
         self.metrics.set_service_changes_pending(0);
-        let sent = self.syncer.dataplane().messages_sent();
+        let sent = self.backend.messages_sent();
         self.metrics
-            .add_netlink_messages("nftables", sent - self.netlink_messages);
+            .add_netlink_messages(self.backend.mode(), sent - self.netlink_messages);
         self.netlink_messages = sent;
         // Network programming latency: from the change that caused an
         // EndpointSlice update (its trigger-time annotation) to now.
@@ -313,8 +364,9 @@ fn bind_address(flag: &str, what: &str) -> Option<SocketAddr> {
 pub async fn run(
     cfg: &Config,
     source: &dyn ObjectSource,
-    syncer: Syncer<NetlinkDataplane>,
+    backend: &mut dyn Backend,
 ) -> Result<(), ProxierError> {
+    let mode = backend.mode();
     let health = Arc::new(ProxyHealth::new(cfg.sync_period));
     let metrics = Arc::new(Metrics::new());
     if let Some(addr) = bind_address(&cfg.healthz_bind_address, "--healthz-bind-address") {
@@ -328,7 +380,7 @@ pub async fn run(
     if let Some(addr) = bind_address(&cfg.metrics_bind_address, "--metrics-bind-address") {
         let m = metrics.clone();
         tokio::spawn(async move {
-            if let Err(e) = serve::serve_metrics(addr, m, "nftables").await {
+            if let Err(e) = serve::serve_metrics(addr, m, mode).await {
                 tracing::error!("metrics server on {addr}: {e}");
             }
         });
@@ -340,7 +392,7 @@ pub async fn run(
 
     let mut daemon = Daemon {
         cfg,
-        syncer,
+        backend,
         health: health.clone(),
         metrics: metrics.clone(),
         service_health: None,
@@ -367,10 +419,11 @@ pub async fn run(
     );
     loop {
         let now = tokio::time::Instant::now();
+        let recheck = daemon.backend.recheck_after();
         if let Some(reason) = runner.due(now) {
             if reason == RunReason::Periodic {
                 // Read the kernel back: repairs drift nobody told us about.
-                daemon.syncer.request_full_sync();
+                daemon.backend.request_full_sync();
             }
             let ok = daemon.sync(&source.snapshot()).await;
             runner.ran(now, ok);
@@ -386,6 +439,9 @@ pub async fn run(
                 runner.request();
             }
             _ = tokio::time::sleep_until(runner.next_deadline(now)) => {}
+            _ = tokio::time::sleep(recheck.unwrap_or(Duration::MAX)), if recheck.is_some() => {
+                runner.request();
+            }
             _ = &mut terminate => {
                 tracing::info!("terminating; the dataplane stays as it is");
                 return Ok(());

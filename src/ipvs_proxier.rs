@@ -1,18 +1,19 @@
 //! The driver of `--proxy-mode ipvs`: `source -> model -> mode::ipvs ->
 //! sync::ipvs (+ the nft Syncer for the mode's constant table)`.
 //!
-//! Kept apart from `daemon.rs` on purpose (a minimal hook in `proxier::run`). Not
-//! wired yet, and left for the daemon: health/metrics servers, health-check node
-//! ports and the UDP/SCTP conntrack cleanup (the daemon's `stale_flows` works on
-//! `ClusterState` and applies to this mode unchanged).
+//! [`IpvsBackend`] is driven by `daemon::run` like nftables mode, so health,
+//! metrics, health-check node ports and the UDP/SCTP conntrack cleanup are the
+//! same in both modes.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::time::Duration;
 
 use crate::config::Config;
+use crate::daemon::Backend;
 use crate::mode::ipvs::{DUMMY_LINK, IpvsDesired, IpvsOptions, desired_ipvs};
 use crate::mode::nftables::NodePortAddresses;
+use crate::model::ClusterState;
 use crate::proxier::{ProxierError, build_state_quiet, nftables_options};
 use crate::source::{ObjectSource, Objects};
 use crate::sync::ipvs::{IpvsSyncError, IpvsSyncer, NetlinkIpvs, apply_ipvs_sysctls};
@@ -84,45 +85,78 @@ pub fn sync_objects(
     Ok(desired)
 }
 
+/// ipvs mode as the daemon drives it: IPVS virtual servers, `kube-ipvs0`, the
+/// KUBE-* ipsets, and the mode's constant nf_tables table.
+pub struct IpvsBackend {
+    ipvs: IpvsSyncer<NetlinkIpvs>,
+    nft: Syncer<NetlinkDataplane>,
+}
+
+impl IpvsBackend {
+    /// Opens the sockets and writes the sysctls ipvs mode needs.
+    pub fn new(cfg: &Config) -> Result<Self, ProxierError> {
+        apply_ipvs_sysctls(cfg.ipvs_strict_arp);
+        Ok(IpvsBackend {
+            ipvs: IpvsSyncer::new(NetlinkIpvs::new().map_err(sync_err)?),
+            nft: Syncer::new(NetlinkDataplane::new()?),
+        })
+    }
+}
+
+impl Backend for IpvsBackend {
+    fn mode(&self) -> &'static str {
+        "ipvs"
+    }
+
+    fn sync(
+        &mut self,
+        cfg: &Config,
+        state: &ClusterState,
+    ) -> Result<BTreeMap<&'static str, usize>, ProxierError> {
+        let opts = ipvs_options(cfg, state)?;
+        let desired = desired_ipvs(state, &opts);
+        for c in &desired.conflicts {
+            tracing::warn!("conflicting services: {c}");
+        }
+        let mut ops = self.ipvs.sync(&desired).map_err(sync_err)?.ops;
+        for (kind, n) in self.nft.sync(&desired.tables)?.ops {
+            *ops.entry(kind).or_default() += n;
+        }
+        Ok(ops)
+    }
+
+    fn request_full_sync(&mut self) {
+        self.ipvs.request_full_sync();
+        self.nft.request_full_sync();
+    }
+
+    fn messages_sent(&self) -> u64 {
+        self.nft.dataplane().messages_sent()
+    }
+
+    fn recheck_after(&self) -> Option<Duration> {
+        self.ipvs.pending_graceful().then_some(GRACEFUL_RECHECK)
+    }
+}
+
 /// `run --proxy-mode ipvs`: sync, then follow `source` until SIGTERM/SIGINT
 /// (or exit after one sync with `--once`).
 pub async fn run_ipvs(cfg: &Config, source: &dyn ObjectSource) -> Result<(), ProxierError> {
-    apply_ipvs_sysctls(cfg.ipvs_strict_arp);
-    let mut ipvs = IpvsSyncer::new(NetlinkIpvs::new().map_err(sync_err)?);
-    let mut nft = Syncer::new(NetlinkDataplane::new()?);
-    let mut changes = source.subscribe();
-    while *changes.borrow_and_update() == 0 {
-        if changes.changed().await.is_err() {
-            return Err(ProxierError::SourceEnded);
+    if cfg.once {
+        apply_ipvs_sysctls(cfg.ipvs_strict_arp);
+        let mut ipvs = IpvsSyncer::new(NetlinkIpvs::new().map_err(sync_err)?);
+        let mut nft = Syncer::new(NetlinkDataplane::new()?);
+        let mut changes = source.subscribe();
+        while *changes.borrow_and_update() == 0 {
+            if changes.changed().await.is_err() {
+                return Err(ProxierError::SourceEnded);
+            }
         }
+        sync_objects(cfg, &source.snapshot(), &mut ipvs, &mut nft)?;
+        return Ok(());
     }
-    let mut last_full = tokio::time::Instant::now();
-    loop {
-        if let Err(e) = sync_objects(cfg, &source.snapshot(), &mut ipvs, &mut nft) {
-            tracing::error!("sync failed, the next one reads the kernel back: {e}");
-            ipvs.request_full_sync();
-            nft.request_full_sync();
-        }
-        if cfg.once {
-            return Ok(());
-        }
-        let wait = if ipvs.pending_graceful() {
-            GRACEFUL_RECHECK
-        } else {
-            cfg.sync_period
-        };
-        tokio::select! {
-            r = changes.changed() => if r.is_err() { return Err(ProxierError::SourceEnded) },
-            _ = tokio::time::sleep(wait) => {}
-            _ = tokio::signal::ctrl_c() => return Ok(()),
-        }
-        tokio::time::sleep(cfg.min_sync_period).await;
-        if last_full.elapsed() >= cfg.sync_period {
-            ipvs.request_full_sync();
-            nft.request_full_sync();
-            last_full = tokio::time::Instant::now();
-        }
-    }
+    let mut backend = IpvsBackend::new(cfg)?;
+    crate::daemon::run(cfg, source, &mut backend).await
 }
 
 /// Removes what ipvs mode owns (VSs on `kube-ipvs0` and our NodePort VSs,

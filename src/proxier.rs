@@ -299,5 +299,6 @@ pub async fn run(cfg: &Config) -> Result<(), ProxierError> {
         crate::config::host::apply_oom_score_adj(adj);
     }
     let source = start_source(cfg).await?;
-    crate::daemon::run(cfg, source.as_ref(), syncer).await
+    let mut backend = crate::daemon::NftablesBackend::new(syncer);
+    crate::daemon::run(cfg, source.as_ref(), &mut backend).await
 }
