@@ -72,7 +72,8 @@ impl fmt::Debug for NlSocket {
     }
 }
 
-fn set_int_opt(fd: i32, level: i32, name: i32, value: i32) -> io::Result<()> {
+/// `setsockopt(2)` with an int value.
+pub(crate) fn set_int_opt(fd: i32, level: i32, name: i32, value: i32) -> io::Result<()> {
     // SAFETY: `fd` is a valid open socket owned by the caller; we pass a pointer to a
     // live c_int and its exact size, as setsockopt(2) requires.
     let rc = unsafe {
@@ -91,8 +92,10 @@ fn set_int_opt(fd: i32, level: i32, name: i32, value: i32) -> io::Result<()> {
     }
 }
 
-/// `(positive errno, ext-ack message)` of an `NLMSG_ERROR`.
-fn error_info(flags: u16, e: &ErrorMessage) -> (i32, Option<String>) {
+/// `(positive errno, ext-ack message)` of an `NLMSG_ERROR`. `flags` are the error
+/// message's header flags. The crate keeps everything after the error code (the
+/// original request's header or message, then the ext-ack TLVs) as raw bytes.
+pub(crate) fn error_info(flags: u16, e: &ErrorMessage) -> (i32, Option<String>) {
     let errno = e.code.map_or(0, |c| -c.get());
     let mut text = None;
     if flags & NLM_F_ACK_TLVS != 0 {

@@ -9,9 +9,8 @@ use std::os::fd::AsRawFd;
 use netlink_sys::{Socket, protocols::NETLINK_NETFILTER};
 
 use netlink_packet_core::{
-    ErrorContext, ErrorMessage, NLM_F_ACK_TLVS, NLM_F_CAPPED, NLM_F_DUMP, NLM_F_DUMP_INTR,
-    NetlinkBuffer, NetlinkHeader, NetlinkMessage, NetlinkPayload, NlasIterator, Parseable,
-    parse_string,
+    ErrorContext, NLM_F_DUMP, NLM_F_DUMP_INTR, NetlinkBuffer, NetlinkHeader, NetlinkMessage,
+    NetlinkPayload, Parseable,
 };
 use netlink_packet_netfilter::nftables::NfTablesMessage;
 use netlink_packet_netfilter::none::ControlMessage;
@@ -19,11 +18,8 @@ use netlink_packet_netfilter::{NetfilterMessage, NetfilterMessageInner};
 
 use super::codec::*;
 use super::types::*;
+use crate::sock::{error_info, set_int_opt};
 
-/// `NLMSGERR_ATTR_MSG`: the ext-ack message text.
-const NLMSGERR_ATTR_MSG: u16 = 1;
-/// Size of `struct nlmsghdr`.
-const NETLINK_HEADER_LEN: usize = 16;
 const MIN_SOCKBUF: usize = 8 << 20;
 const RECV_BUF: usize = 1 << 20;
 const DUMP_RETRIES: usize = 5;
@@ -369,52 +365,6 @@ fn split_msgs(b: &[u8]) -> Result<Vec<Received<'_>>, NftError> {
         i += len.div_ceil(4) * 4;
     }
     Ok(out)
-}
-
-/// `(positive errno, ext-ack message)` of an `NLMSG_ERROR`. `flags` are the error
-/// message's header flags. The crate keeps everything after the error code (the
-/// original request's header or message, then the ext-ack TLVs) as raw bytes.
-pub(crate) fn error_info(flags: u16, e: &ErrorMessage) -> (i32, Option<String>) {
-    let errno = e.code.map_or(0, |c| -c.get());
-    let mut text = None;
-    if flags & NLM_F_ACK_TLVS != 0 {
-        let orig_len = if flags & NLM_F_CAPPED != 0 {
-            NETLINK_HEADER_LEN
-        } else {
-            e.header
-                .get(..4)
-                .and_then(|b| b.try_into().ok())
-                .map(|b| u32::from_ne_bytes(b) as usize)
-                .unwrap_or(0)
-        };
-        if let Some(tlvs) = e.header.get(orig_len.div_ceil(4) * 4..) {
-            for nla in NlasIterator::new(tlvs).flatten() {
-                if nla.kind() == NLMSGERR_ATTR_MSG {
-                    text = parse_string(nla.value()).ok();
-                }
-            }
-        }
-    }
-    (errno, text)
-}
-
-fn set_int_opt(fd: i32, level: i32, name: i32, value: i32) -> io::Result<()> {
-    // SAFETY: `fd` is a valid open socket owned by the caller; we pass a pointer to a
-    // live c_int and its exact size, as setsockopt(2) requires.
-    let rc = unsafe {
-        libc::setsockopt(
-            fd,
-            level,
-            name,
-            (&value as *const i32).cast::<libc::c_void>(),
-            std::mem::size_of::<i32>() as libc::socklen_t,
-        )
-    };
-    if rc < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
 }
 
 /// A serialized batch: `BATCH_BEGIN`, the ops' messages, `BATCH_END`, in one buffer.

@@ -156,7 +156,7 @@ fn nlmsg(ty: u16, flags: u16, payload: &[u8]) -> Vec<u8> {
 /// Ext-ack text is found after a capped or a full copy of the request.
 #[test]
 fn error_ext_ack_message() {
-    use super::socket::error_info;
+    use crate::sock::error_info;
     const NLM_F_CAPPED: u16 = 0x100;
     const NLM_F_ACK_TLVS: u16 = 0x200;
     let req = nlmsg(0x0a06, 1, &[2, 0, 0, 0, 1, 2, 3, 4]);
