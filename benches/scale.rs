@@ -23,7 +23,6 @@ use kube_nlproxy::mode::nftables::{
 };
 use kube_nlproxy::model::{
     ClusterState, Endpoint, IpFamily, NodeInfo, Protocol, ServicePort, ServicePortName,
-    TrafficDistribution, TrafficPolicy,
 };
 use kube_nlproxy::sync::{NetlinkDataplane, Syncer};
 
@@ -66,22 +65,12 @@ fn state(n: usize, changed: Option<usize>) -> ClusterState {
         };
         st.services.insert(
             (name.clone(), IpFamily::V4),
-            ServicePort {
-                name: name.clone(),
-                family: IpFamily::V4,
-                cluster_ip: Some(IpAddr::V4(cluster_ip(i))),
-                port: 80,
-                node_port: None,
-                external_ips: vec![],
-                load_balancer_ips: vec![],
-                load_balancer_source_ranges: vec![],
-                external_policy: TrafficPolicy::Cluster,
-                internal_policy: TrafficPolicy::Cluster,
-                affinity_timeout_seconds: None,
-                health_check_node_port: None,
-                traffic_distribution: TrafficDistribution::Unset,
-                ipvs_scheduler: None,
-            },
+            ServicePort::new(
+                name.clone(),
+                IpFamily::V4,
+                Some(IpAddr::V4(cluster_ip(i))),
+                80,
+            ),
         );
         let eps = (0..2)
             .map(|j| {
@@ -89,17 +78,7 @@ fn state(n: usize, changed: Option<usize>) -> ClusterState {
                 if changed == Some(i) && j == 1 {
                     ip = Ipv4Addr::new(10, 250, 0, 1);
                 }
-                Endpoint {
-                    ip: IpAddr::V4(ip),
-                    port: 8080,
-                    ready: true,
-                    serving: true,
-                    terminating: false,
-                    is_local: false,
-                    zone: None,
-                    zone_hints: vec![],
-                    node_hints: vec![],
-                }
+                Endpoint::ready(IpAddr::V4(ip), 8080, false)
             })
             .collect();
         st.endpoints.insert(name, eps);

@@ -7,7 +7,7 @@ use crate::mode::nftables::{
 };
 use crate::model::{
     ClusterState, Endpoint, IpFamily, NodeInfo, Protocol, ServicePort, ServicePortName,
-    TrafficDistribution, TrafficPolicy,
+    TrafficPolicy,
 };
 
 fn ip(s: &str) -> IpAddr {
@@ -25,35 +25,13 @@ fn name() -> ServicePortName {
 
 fn svc() -> ServicePort {
     ServicePort {
-        name: name(),
-        family: IpFamily::V4,
-        cluster_ip: Some(ip("10.96.0.10")),
-        port: 80,
         node_port: Some(30080),
-        external_ips: vec![],
-        load_balancer_ips: vec![],
-        load_balancer_source_ranges: vec![],
-        external_policy: TrafficPolicy::Cluster,
-        internal_policy: TrafficPolicy::Cluster,
-        affinity_timeout_seconds: None,
-        health_check_node_port: None,
-        traffic_distribution: TrafficDistribution::Unset,
-        ipvs_scheduler: None,
+        ..ServicePort::new(name(), IpFamily::V4, Some(ip("10.96.0.10")), 80)
     }
 }
 
 fn ep(addr: &str, local: bool) -> Endpoint {
-    Endpoint {
-        ip: ip(addr),
-        port: 8080,
-        ready: true,
-        serving: true,
-        terminating: false,
-        is_local: local,
-        zone: None,
-        zone_hints: vec![],
-        node_hints: vec![],
-    }
+    Endpoint::ready(ip(addr), 8080, local)
 }
 
 fn table(svc: ServicePort, endpoints: Vec<Endpoint>) -> TableSpec {

@@ -147,6 +147,32 @@ pub struct ServicePort {
 }
 
 impl ServicePort {
+    /// A port reachable only on `cluster_ip:port`, every other option at its
+    /// default (Cluster policies, no affinity, no node port).
+    pub fn new(
+        name: ServicePortName,
+        family: IpFamily,
+        cluster_ip: Option<IpAddr>,
+        port: u16,
+    ) -> Self {
+        ServicePort {
+            name,
+            family,
+            cluster_ip,
+            port,
+            node_port: None,
+            external_ips: Vec::new(),
+            load_balancer_ips: Vec::new(),
+            load_balancer_source_ranges: Vec::new(),
+            external_policy: TrafficPolicy::Cluster,
+            internal_policy: TrafficPolicy::Cluster,
+            affinity_timeout_seconds: None,
+            health_check_node_port: None,
+            traffic_distribution: TrafficDistribution::Unset,
+            ipvs_scheduler: None,
+        }
+    }
+
     /// Whether external traffic must only go to node-local endpoints.
     pub fn external_policy_local(&self) -> bool {
         self.external_policy == TrafficPolicy::Local && self.has_external_addresses()
@@ -170,6 +196,23 @@ impl ServicePort {
         self.node_port.is_some()
             || !self.external_ips.is_empty()
             || !self.load_balancer_ips.is_empty()
+    }
+}
+
+impl Endpoint {
+    /// A ready, serving, not terminating endpoint without zone or hints.
+    pub fn ready(ip: IpAddr, port: u16, is_local: bool) -> Self {
+        Endpoint {
+            ip,
+            port,
+            ready: true,
+            serving: true,
+            terminating: false,
+            is_local,
+            zone: None,
+            zone_hints: Vec::new(),
+            node_hints: Vec::new(),
+        }
     }
 }
 

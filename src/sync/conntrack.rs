@@ -197,7 +197,7 @@ pub fn stale_flows(prev: &ClusterState, cur: &ClusterState) -> Vec<StaleFlow> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{ServicePortName, TrafficDistribution, TrafficPolicy};
+    use crate::model::ServicePortName;
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
@@ -214,37 +214,15 @@ mod tests {
         st.services.insert(
             (name.clone(), IpFamily::V4),
             ServicePort {
-                name: name.clone(),
-                family: IpFamily::V4,
-                cluster_ip: Some(ip("10.96.0.10")),
-                port: 53,
                 node_port: Some(30053),
-                external_ips: vec![],
-                load_balancer_ips: vec![],
-                load_balancer_source_ranges: vec![],
-                external_policy: TrafficPolicy::Cluster,
-                internal_policy: TrafficPolicy::Cluster,
-                affinity_timeout_seconds: None,
-                health_check_node_port: None,
-                traffic_distribution: TrafficDistribution::Unset,
-                ipvs_scheduler: None,
+                ..ServicePort::new(name.clone(), IpFamily::V4, Some(ip("10.96.0.10")), 53)
             },
         );
         st.endpoints.insert(
             name,
             endpoints
                 .iter()
-                .map(|e| Endpoint {
-                    ip: ip(e),
-                    port: 5353,
-                    ready: true,
-                    serving: true,
-                    terminating: false,
-                    is_local: true,
-                    zone: None,
-                    zone_hints: vec![],
-                    node_hints: vec![],
-                })
+                .map(|e| Endpoint::ready(ip(e), 5353, true))
                 .collect(),
         );
         st
