@@ -810,7 +810,10 @@ fn network_programming_latency() {
     // Each change is written once the previous one is in the kernel; with the
     // default --min-sync-period (1 s) every sync would wait for the rate limit,
     // which measures the limit, not the pipeline.
-    let mut c = Cluster::new(&["--min-sync-period", "0"]);
+    // KNP_LATENCY_MIN_SYNC_PERIOD overrides it (e.g. `1s` to see the limiter).
+    let min_sync = std::env::var("KNP_LATENCY_MIN_SYNC_PERIOD").unwrap_or_else(|_| "0".into());
+    eprintln!("--min-sync-period {min_sync}");
+    let mut c = Cluster::new(&["--min-sync-period", &min_sync]);
     let (a, b) = (c.pod("a"), c.pod("b"));
     let node_ns = c.t.node.clone();
     let metrics_addr = sa(ip("127.0.0.1"), 10249);
