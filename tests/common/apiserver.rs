@@ -221,6 +221,9 @@ impl Inner {
 pub struct FakeApiServer {
     inner: Arc<Inner>,
     accept: Option<JoinHandle<()>>,
+    /// The network namespace the listener lives in (that of the thread that
+    /// started the server), so `drop` can wake the accept loop from there.
+    netns: Option<std::fs::File>,
 }
 
 impl FakeApiServer {
@@ -229,8 +232,18 @@ impl FakeApiServer {
         FakeApiServer::start_with(Options::default())
     }
 
-    /// Starts a server on an ephemeral port of 127.0.0.1.
+    /// Starts a server (default options) listening on 127.0.0.1 inside the network
+    /// namespace `/run/netns/NS`, for a client that runs there. The listener is
+    /// created by a thread that entered the namespace; the server's own threads
+    /// only use sockets, so they can live anywhere.
+    pub fn start_in_netns(ns: &str) -> FakeApiServer {
+        super::in_ns(ns, FakeApiServer::start)
+    }
+
+    /// Starts a server on an ephemeral port of 127.0.0.1, in the network namespace
+    /// of the calling thread.
     pub fn start_with(options: Options) -> FakeApiServer {
+        let netns = std::fs::File::open("/proc/thread-self/ns/net").ok();
         let listener = TcpListener::bind("127.0.0.1:0").expect("fake apiserver: bind");
         let addr = listener.local_addr().unwrap();
         let rv = options.first_resource_version;
@@ -273,6 +286,7 @@ impl FakeApiServer {
         FakeApiServer {
             inner,
             accept: Some(accept),
+            netns,
         }
     }
 
@@ -473,8 +487,18 @@ impl Drop for FakeApiServer {
         }
         drop(state);
         self.inner.changed.notify_all();
-        // Wake the accept loop.
-        let _ = TcpStream::connect(self.inner.addr);
+        // Wake the accept loop, from the listener's namespace.
+        let addr = self.inner.addr;
+        let netns = self.netns.take();
+        let _ = thread::spawn(move || {
+            if let Some(ns) = netns {
+                use std::os::fd::AsRawFd;
+                // SAFETY: setns on an open namespace file; affects this thread only.
+                unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) };
+            }
+            let _ = TcpStream::connect(addr);
+        })
+        .join();
         if let Some(t) = self.accept.take() {
             let _ = t.join();
         }

@@ -1078,6 +1078,8 @@ pub struct Proxy {
     pub ns: String,
     pub dir: PathBuf,
     pub args: Vec<String>,
+    /// Source flags replacing `--source file:DIR` (see [`Proxy::with_kube_source`]).
+    source: Option<Vec<String>>,
     child: Option<Child>,
     log: PathBuf,
 }
@@ -1093,6 +1095,7 @@ impl Proxy {
             bin: bin.as_ref().to_path_buf(),
             ns: topo.node.clone(),
             args: default_args(),
+            source: None,
             dir,
             child: None,
             log,
@@ -1112,13 +1115,26 @@ impl Proxy {
         fs::rename(&tmp, self.dir.join("cluster.yaml")).unwrap();
     }
 
-    fn base_args(&self) -> Vec<String> {
-        let mut v = vec![
+    /// Reads objects from an API server (`--source kube --kubeconfig FILE`)
+    /// instead of the manifest directory.
+    pub fn with_kube_source(mut self, kubeconfig: &Path) -> Proxy {
+        self.source = Some(vec![
             "--source".to_string(),
-            format!("file:{}", self.dir.display()),
-            "--hostname-override".to_string(),
-            NODE.to_string(),
-        ];
+            "kube".to_string(),
+            "--kubeconfig".to_string(),
+            kubeconfig.display().to_string(),
+        ]);
+        self
+    }
+
+    fn base_args(&self) -> Vec<String> {
+        let mut v = self.source.clone().unwrap_or_else(|| {
+            vec![
+                "--source".to_string(),
+                format!("file:{}", self.dir.display()),
+            ]
+        });
+        v.extend(["--hostname-override".to_string(), NODE.to_string()]);
         v.extend(self.args.iter().cloned());
         v
     }
