@@ -83,12 +83,16 @@ fn kubeconfig_path(server: &FakeApiServer, tag: &str) -> PathBuf {
 }
 
 async fn kube_client(server: &FakeApiServer, tag: &str) -> kube::Client {
+    let path = kubeconfig_path(server, tag);
     let cfg = KubeSourceConfig {
-        kubeconfig: Some(kubeconfig_path(server, tag)),
+        kubeconfig: Some(path.clone()),
         master: None,
         node_name: NODE.into(),
     };
-    client(&cfg).await.expect("client")
+    let c = client(&cfg).await.expect("client");
+    // The kubeconfig is read once, when the client is built.
+    let _ = std::fs::remove_file(path);
+    c
 }
 
 async fn start(server: &FakeApiServer, tag: &str) -> (KubeSource, Receiver<u64>) {
@@ -548,11 +552,12 @@ async fn client_configuration() {
     ));
     // Discovery against a dead server fails at start (not a 404: not "skip").
     let cfg = KubeSourceConfig {
-        kubeconfig: Some(dead),
+        kubeconfig: Some(dead.clone()),
         master: None,
         node_name: NODE.into(),
     };
     let c = client(&cfg).await.expect("client");
+    let _ = std::fs::remove_file(&dead);
     assert!(matches!(
         KubeSource::start(c, NODE).await,
         Err(KubeSourceError::Discovery(_))
