@@ -426,6 +426,30 @@ fn ipvs_rule_count_independent_of_service_count() {
             counts.push(kernel);
             let members: BTreeSet<_> = d.ipsets["KUBE-CLUSTER-IP"].members.clone();
             assert_eq!(members.len(), n);
+            let t0 = std::time::Instant::now();
+            sync_ipsets(&d);
+            let t_ipsets = t0.elapsed();
+            // A restart at this size plans nothing either (and how long it takes).
+            // At 10 000 services the nft read-back takes ~50 s in a debug build
+            // (netlink-packet-netfilter 0.4 formats the whole message buffer with
+            // `{:?}` for every set element it parses: quadratic), so only on demand.
+            if n > 10 && std::env::var_os("KNP_IPVS_HOST_RESTART_10K").is_none() {
+                continue;
+            }
+            let t0 = std::time::Instant::now();
+            let mut fresh = Syncer::new(NetlinkDataplane::new().unwrap());
+            assert!(fresh.plan(&d.tables).unwrap().is_empty());
+            let t_nft = t0.elapsed();
+            let t0 = std::time::Instant::now();
+            assert!(ipset_ops_planned(&d).is_empty());
+            let t_ipset_plan = t0.elapsed();
+            let _ = std::io::Write::write_all(
+                &mut w,
+                format!(
+                    "  {n} services: ipsets created in {t_ipsets:?}; restart plan: nft {t_nft:?}, ipsets {t_ipset_plan:?}\n"
+                )
+                .as_bytes(),
+            );
         }
         assert_eq!(
             counts[0], counts[1],

@@ -78,10 +78,12 @@ fn ipvsadm(t: &Topo) -> Vec<String> {
 /// The real-server lines (`-> ADDR:PORT Masq W Active Inact`) of one VS.
 fn real_servers(t: &Topo, vs: &str) -> Vec<String> {
     let lines = ipvsadm(t);
-    let Some(i) = lines
-        .iter()
-        .position(|l| l.starts_with("TCP") && l.contains(vs))
-    else {
+    let Some(i) = lines.iter().position(|l| {
+        let vs_line = l.starts_with("TCP") || l.starts_with("UDP");
+        let proto_ok = !vs.contains(' ') || l.starts_with(&vs[..3]);
+        let addr = vs.rsplit(' ').next().unwrap_or(vs);
+        vs_line && proto_ok && l.split(' ').nth(1) == Some(addr)
+    }) else {
         return vec![];
     };
     lines[i + 1..]
@@ -128,7 +130,12 @@ fn packet_manifests(t: &Topo) -> String {
             vec![port("http", "TCP", 80, 8080), port("dns", "UDP", 81, 8080)],
         )
         .yaml(),
-        Svc::new("np", "NodePort", &["10.96.0.20"], http(30080)).yaml(),
+        Svc::new("np", "NodePort", &["10.96.0.20", "fd96::20"], http(30080)).yaml(),
+        Svc {
+            etp: "Local".into(),
+            ..Svc::new("etpnone", "NodePort", &["10.96.0.25"], http(30085))
+        }
+        .yaml(),
         Svc {
             external_ips: vec!["10.78.0.1".into()],
             ..Svc::new("ext", "ClusterIP", &["10.96.0.21"], cport())
@@ -170,8 +177,9 @@ fn packet_manifests(t: &Topo) -> String {
         &[("http", "TCP", 8080), ("dns", "UDP", 8080)],
         &["b", "r"],
     ));
+    objs.extend(both(t, "np", &HTTP, &["b", "r"]));
     for (svc, pods) in [
-        ("np", &["b", "r"][..]),
+        ("etpnone", &["r"][..]),
         ("ext", &["b"]),
         ("lb", &["b"]),
         ("lbdeny", &["b"]),
@@ -210,6 +218,7 @@ fn ipvs_packets() {
             "UDP 10.96.0.10:81 rr",
             "TCP [fd96::10]:80 rr",
             "TCP 10.77.0.1:30080 rr",
+            "TCP [fd77::1]:30080 rr",
             "TCP 10.78.0.1:80 rr",
             "TCP 10.78.0.100:80 rr",
             "TCP 10.96.0.30:80 rr persistent 10800",
@@ -281,6 +290,33 @@ fn ipvs_packets() {
             );
         }
     });
+    c.run("v6 NodePort from EXT (masqueraded, both backends)", || {
+        let (pods, srcs) = spread(&ext, sa(NODE_V6, 30080), 12).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(pods.len(), 2, "backends {pods:?}");
+        for s in &srcs {
+            assert!(
+                Topo::node_addrs(true).contains(s),
+                "source {s} not a node address"
+            );
+        }
+    });
+    c.run(
+        "eTP Local NodePort without local endpoint: EXT not served (IPVS refuses)",
+        || match tcp(&ext, sa(NODE_V4, 30085), DROP_TIMEOUT) {
+            Err(ConnErr::Refused) | Err(ConnErr::Timeout) => {}
+            other => panic!("expected no answer, got {other:?}"),
+        },
+    );
+    c.run(
+        "eTP Local without local endpoint: pod reaches the remote one via ClusterIP",
+        || {
+            expect_ok(
+                "etpnone cip",
+                tcp(&a.ns, sa(ip("10.96.0.25"), 80), OK_TIMEOUT),
+                &["r"],
+            );
+        },
+    );
     c.run("ExternalIP from EXT", || {
         expect_ok(
             "eip",
@@ -392,6 +428,20 @@ fn ipvs_graceful_termination() {
             )
             .yaml(),
             slice("gt", "v4", false, &echo, &t.eps(pods, false)),
+            Svc::new(
+                "gtu",
+                "ClusterIP",
+                &["10.96.0.41"],
+                vec![port("dns", "UDP", 53, 8080)],
+            )
+            .yaml(),
+            slice(
+                "gtu",
+                "v4",
+                false,
+                &[("dns", "UDP", 8080)],
+                &t.eps(pods, false),
+            ),
         ])
     };
     let mut p = ipvs_proxy(&t);
@@ -414,6 +464,14 @@ fn ipvs_graceful_termination() {
     let pod = greeting.split_whitespace().next().unwrap().to_string();
     let other = if pod == "b" { "r" } else { "b" };
     let gone = t.pod(&pod).v4.to_string();
+    // UDP flows to both backends (rr), so both UDP real servers have connections.
+    for _ in 0..4 {
+        expect_ok(
+            "udp",
+            udp(&a.ns, sa(ip("10.96.0.41"), 53), None, OK_TIMEOUT),
+            &["b", "r"],
+        );
+    }
     let mut c = Checks::default();
     p.write(&manifests(&[other]));
     c.run(
@@ -432,6 +490,12 @@ fn ipvs_graceful_termination() {
             );
         },
     );
+    c.run("UDP real server deleted at once (no draining)", || {
+        let want = vec![format!("-> {}:8080 Masq 1 0", t.pod(other).v4)];
+        let rs = real_servers(&t, "UDP 10.96.0.41:53");
+        assert_eq!(rs.len(), 1, "{rs:?}");
+        assert!(rs[0].starts_with(&want[0]), "{rs:?}");
+    });
     c.run("the draining connection still works", || {
         assert_eq!(echo_roundtrip(&mut s, "ping").expect("roundtrip"), "ping");
     });

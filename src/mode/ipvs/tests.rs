@@ -417,8 +417,14 @@ fn nft_sets_mirror_the_ipsets() {
     }
     // A /30 entry must not sit in the /24 rule's set (it would admit the whole /24).
     let v4 = &d.tables[0];
-    assert_eq!(v4.sets[&source_cidr_set(IpFamily::V4, 24)].elements.len(), 2);
-    assert_eq!(v4.sets[&source_cidr_set(IpFamily::V4, 30)].elements.len(), 1);
+    assert_eq!(
+        v4.sets[&source_cidr_set(IpFamily::V4, 24)].elements.len(),
+        2
+    );
+    assert_eq!(
+        v4.sets[&source_cidr_set(IpFamily::V4, 30)].elements.len(),
+        1
+    );
     assert!(!v4.sets.contains_key(LOAD_BALANCER_SOURCE_CIDR));
 }
 
