@@ -28,9 +28,11 @@
 //! NodePort sets as the record of which NodePort VSs it owns.
 //!
 //! `hash:ip,port,net` (LB source CIDRs) has no exact nft counterpart without
-//! interval sets, so its mirror holds `lb . proto . port . network` and there is one
-//! rule per distinct prefix length in use (`ip saddr & mask`): at most 33 (v4) / 129
-//! (v6) rules, independent of the number of services.
+//! interval sets, so it is mirrored as one set per distinct prefix length in use
+//! (`KUBE-LOAD-BALANCER-SOURCE-CIDR-24`: `lb . proto . port . network`) with one
+//! rule each (`ip saddr & mask`): at most 32 (v4) / 128 (v6) rules, independent of
+//! the number of services. (A single set would let a /30 entry match every source
+//! of its /24 under the /24 rule's mask.)
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -466,11 +468,23 @@ fn nft_key(kind: IpsetType, family: IpFamily) -> Vec<KeyType> {
         IpsetType::HashIpPortIp | IpsetType::HashIpPortNet => {
             vec![addr, KeyType::InetProto, KeyType::InetService, addr]
         }
-        _ => vec![KeyType::InetService],
+        // Not a lone `inet_service`: a single-field key of 2 bytes is stored padded
+        // to 4 and `nft list` then shows the ports as 32-bit numbers. The protocol
+        // in front (fixed per set, see [`port_set_protocol`]) keeps it readable.
+        _ => vec![KeyType::InetProto, KeyType::InetService],
     }
 }
 
-fn nft_element(m: &IpsetMember) -> Vec<KeyValue> {
+/// The protocol of the members of a `bitmap:port` set's mirror.
+fn port_set_protocol(set: &str) -> u8 {
+    if set.contains("-UDP") {
+        Protocol::Udp.number()
+    } else {
+        Protocol::Tcp.number()
+    }
+}
+
+fn nft_element(m: &IpsetMember, port_proto: u8) -> Vec<KeyValue> {
     match m {
         IpsetMember::Ip(ip) => vec![KeyValue::Addr(*ip)],
         IpsetMember::IpPort { ip, proto, port } => vec![
@@ -501,10 +515,16 @@ fn nft_element(m: &IpsetMember) -> Vec<KeyValue> {
             KeyValue::Port(*port),
             KeyValue::Addr(*net),
         ],
-        IpsetMember::Port(p) => vec![KeyValue::Port(*p)],
+        IpsetMember::Port(p) => vec![KeyValue::Proto(port_proto), KeyValue::Port(*p)],
         IpsetMember::Net { addr, .. } => vec![KeyValue::Addr(*addr)],
         _ => Vec::new(),
     }
+}
+
+/// The nft set mirroring the `KUBE-LOAD-BALANCER-SOURCE-CIDR` members of one
+/// prefix length (`KUBE-LOAD-BALANCER-SOURCE-CIDR-24`, `KUBE-6-…-64`).
+pub fn source_cidr_set(family: IpFamily, prefix: u8) -> String {
+    format!("{}-{prefix}", ipset_name(LOAD_BALANCER_SOURCE_CIDR, family))
 }
 
 const SERVICES: &str = "services";
@@ -521,8 +541,19 @@ fn table(family: IpFamily, ipsets: &BTreeMap<String, IpsetSpec>, opts: &IpvsOpti
     let nf = family_of(family);
     let mut t = TableSpec::new(nf);
     let n = |name: &str| ipset_name(name, family);
-    let mut prefixes: BTreeSet<u8> = BTreeSet::new();
+    // hash:ip,port,net members by prefix length: one nft set (and one rule) per
+    // length, or a /30 entry would match every source of its /24 under the /24
+    // rule's mask.
+    let mut by_prefix: BTreeMap<u8, Vec<&IpsetMember>> = BTreeMap::new();
     for spec in ipsets.values().filter(|s| s.family == family) {
+        if spec.kind == IpsetType::HashIpPortNet {
+            for m in &spec.members {
+                if let IpsetMember::IpPortNet { cidr, .. } = m {
+                    by_prefix.entry(*cidr).or_default().push(m);
+                }
+            }
+            continue;
+        }
         t.set(
             &spec.name,
             nft_key(spec.kind, family),
@@ -530,10 +561,23 @@ fn table(family: IpFamily, ipsets: &BTreeMap<String, IpsetSpec>, opts: &IpvsOpti
             SetFlags::default(),
         );
         for m in &spec.members {
-            if let IpsetMember::IpPortNet { cidr, .. } = m {
-                prefixes.insert(*cidr);
-            }
-            t.element(&spec.name, nft_element(m), None);
+            t.element(
+                &spec.name,
+                nft_element(m, port_set_protocol(&spec.name)),
+                None,
+            );
+        }
+    }
+    for (prefix, members) in &by_prefix {
+        let name = source_cidr_set(family, *prefix);
+        t.set(
+            &name,
+            nft_key(IpsetType::HashIpPortNet, family),
+            false,
+            SetFlags::default(),
+        );
+        for m in members {
+            t.element(&name, nft_element(m, 0), None);
         }
     }
 
@@ -635,21 +679,20 @@ fn table(family: IpFamily, ipsets: &BTreeMap<String, IpsetSpec>, opts: &IpvsOpti
     );
     t.rule(LB_CHAIN, b().verdict(jump(MARK_FOR_MASQUERADE)), None);
 
-    for (proto, all, local) in [
-        (Protocol::Tcp, NODE_PORT_TCP, NODE_PORT_LOCAL_TCP),
-        (Protocol::Udp, NODE_PORT_UDP, NODE_PORT_LOCAL_UDP),
+    for (all, local) in [
+        (NODE_PORT_TCP, NODE_PORT_LOCAL_TCP),
+        (NODE_PORT_UDP, NODE_PORT_LOCAL_UDP),
     ] {
+        let proto_port = [KeyField::L4Proto, KeyField::Dport];
         t.rule(
             NODE_PORT_CHAIN,
-            b().l4proto(proto.number())
-                .in_set(&[KeyField::Dport], &n(local), false)
+            b().in_set(&proto_port, &n(local), false)
                 .verdict(Verdict::Return),
             Some("externalTrafficPolicy Local: keep the client address"),
         );
         t.rule(
             NODE_PORT_CHAIN,
-            b().l4proto(proto.number())
-                .in_set(&[KeyField::Dport], &n(all), false)
+            b().in_set(&proto_port, &n(all), false)
                 .verdict(jump(MARK_FOR_MASQUERADE)),
             None,
         );
@@ -700,7 +743,7 @@ fn table(family: IpFamily, ipsets: &BTreeMap<String, IpsetSpec>, opts: &IpvsOpti
             .verdict(Verdict::Return),
         None,
     );
-    for prefix in prefixes {
+    for prefix in by_prefix.keys().copied() {
         t.rule(
             FIREWALL_CHECK,
             b().in_set(
@@ -710,7 +753,7 @@ fn table(family: IpFamily, ipsets: &BTreeMap<String, IpsetSpec>, opts: &IpvsOpti
                     KeyField::Dport,
                     KeyField::SaddrMasked(prefix),
                 ],
-                &n(LOAD_BALANCER_SOURCE_CIDR),
+                &source_cidr_set(family, prefix),
                 false,
             )
             .verdict(Verdict::Return),

@@ -395,6 +395,11 @@ fn nft_sets_mirror_the_ipsets() {
     let mut s = svc("web", "10.96.0.10");
     s.node_port = Some(30080);
     s.load_balancer_ips = vec![ip("198.51.100.1")];
+    s.load_balancer_source_ranges = vec![
+        "203.0.113.0/24".parse().unwrap(),
+        "10.77.0.0/30".parse().unwrap(),
+        "192.0.2.0/24".parse().unwrap(),
+    ];
     let d = desired_ipvs(&state(vec![(s, vec![ep("10.244.1.5", true)])]), &opts());
     for t in &d.tables {
         let fam = match t.family {
@@ -402,10 +407,25 @@ fn nft_sets_mirror_the_ipsets() {
             kube_nlproxy_netlink::nft::Family::Ipv6 => IpFamily::V6,
         };
         for spec in d.ipsets.values().filter(|s| s.family == fam) {
+            if spec.kind == IpsetType::HashIpPortNet {
+                // Mirrored as one set per prefix length.
+                continue;
+            }
             let set = &t.sets[&spec.name];
             assert_eq!(set.elements.len(), spec.members.len(), "{}", spec.name);
         }
     }
+    // A /30 entry must not sit in the /24 rule's set (it would admit the whole /24).
+    let v4 = &d.tables[0];
+    assert_eq!(
+        v4.sets[&source_cidr_set(IpFamily::V4, 24)].elements.len(),
+        2
+    );
+    assert_eq!(
+        v4.sets[&source_cidr_set(IpFamily::V4, 30)].elements.len(),
+        1
+    );
+    assert!(!v4.sets.contains_key(LOAD_BALANCER_SOURCE_CIDR));
 }
 
 fn many(n: usize) -> ClusterState {
