@@ -182,17 +182,19 @@ fn bench(n: usize) {
         );
         let mut syncer = Syncer::new(NetlinkDataplane::new().unwrap());
         let started = Instant::now();
-        syncer.sync(&desired).unwrap();
+        syncer.sync_owned(desired).unwrap();
         let full = started.elapsed();
 
         let changed = desired_tables(&state(n, Some(n / 2)), &opts);
+        let owned = changed.clone();
         let started = Instant::now();
-        let outcome = syncer.sync(&changed).unwrap();
+        let outcome = syncer.sync_owned(owned).unwrap();
         let incr = started.elapsed();
         let incr_ops: usize = outcome.ops.values().sum();
 
+        let owned = changed.clone();
         let started = Instant::now();
-        let outcome = syncer.sync(&changed).unwrap();
+        let outcome = syncer.sync_owned(owned).unwrap();
         let noop = started.elapsed();
         assert!(outcome.ops.is_empty());
 

@@ -75,7 +75,7 @@ impl Backend for NftablesBackend {
         for conflict in tables.iter().flat_map(|t| &t.conflicts) {
             tracing::warn!("conflicting services: {conflict}");
         }
-        Ok(self.syncer.sync(&tables)?.ops)
+        Ok(self.syncer.sync_owned(tables)?.ops)
     }
 
     fn request_full_sync(&mut self) {

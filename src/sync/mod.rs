@@ -155,29 +155,28 @@ impl<D: Dataplane> Syncer<D> {
 
     /// Brings the kernel to `desired` in one transaction.
     pub fn sync(&mut self, desired: &[TableSpec]) -> Result<SyncOutcome, SyncError> {
+        self.sync_owned(desired.to_vec())
+    }
+
+    /// [`sync`](Self::sync) taking the tables by value: they become the committed
+    /// state without a copy, and a sync that finds the kernel already matching
+    /// (after a read-back) also remembers them, so the next diff is structural.
+    pub fn sync_owned(&mut self, desired: Vec<TableSpec>) -> Result<SyncOutcome, SyncError> {
         let full = self.need_full;
-        let ops = self.plan(desired)?;
-        if ops.is_empty() {
-            return Ok(SyncOutcome {
-                full,
-                ops: BTreeMap::new(),
-            });
+        let ops = self.plan(&desired)?;
+        if !ops.is_empty()
+            && let Err(e) = self.dataplane.apply(&ops)
+        {
+            self.need_full = true;
+            return Err(e);
         }
-        match self.dataplane.apply(&ops) {
-            Ok(()) => {
-                for t in desired {
-                    self.committed.insert(t.family, Committed::Ours(t.clone()));
-                }
-                Ok(SyncOutcome {
-                    full,
-                    ops: op_counts(&ops),
-                })
-            }
-            Err(e) => {
-                self.need_full = true;
-                Err(e)
-            }
+        for t in desired {
+            self.committed.insert(t.family, Committed::Ours(t));
         }
+        Ok(SyncOutcome {
+            full,
+            ops: op_counts(&ops),
+        })
     }
 
     /// Reads the kernel back and says which tables differ from `desired`.

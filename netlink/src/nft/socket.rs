@@ -14,13 +14,20 @@ use netlink_packet_core::{
 };
 use netlink_packet_netfilter::nftables::NfTablesMessage;
 use netlink_packet_netfilter::none::ControlMessage;
-use netlink_packet_netfilter::{NetfilterMessage, NetfilterMessageInner};
+use netlink_packet_netfilter::{NetfilterHeader, NetfilterMessage, NetfilterMessageInner};
 
 use super::codec::*;
 use super::types::*;
 use crate::sock::{error_info, set_int_opt};
 
 const MIN_SOCKBUF: usize = 8 << 20;
+/// `struct nlmsghdr` and `struct nfgenmsg` sizes.
+const NETLINK_HEADER_LEN: usize = 16;
+const NFGENMSG_LEN: usize = 4;
+/// `NFNL_SUBSYS_NFTABLES << 8 | NFT_MSG_NEWSETELEM`.
+const NEWSETELEM: u16 = (10 << 8) | 12;
+/// `NFNL_SUBSYS_NFTABLES << 8 | NFT_MSG_NEWRULE`.
+const NEWRULE: u16 = (10 << 8) | 6;
 const RECV_BUF: usize = 1 << 20;
 const DUMP_RETRIES: usize = 5;
 
@@ -331,6 +338,24 @@ impl Received<'_> {
     /// The message decoded through netlink-packet-netfilter; `what` names the
     /// request it answers, for the error.
     fn decode(&self, what: &str) -> Result<NetlinkPayload<NetfilterMessage>, NftError> {
+        // Set-element and rule dumps have their own one-pass decoders (see
+        // `parse_set_element_message`, `parse_rule_message`).
+        if self.header.message_type == NEWSETELEM || self.header.message_type == NEWRULE {
+            let payload = &self.bytes[NETLINK_HEADER_LEN.min(self.bytes.len())..];
+            let header = NetfilterHeader::parse(payload).map_err(|e| NftError::Decode {
+                what: what.to_string(),
+                detail: e.to_string(),
+            })?;
+            let body = payload.get(NFGENMSG_LEN..).unwrap_or_default();
+            let inner = if self.header.message_type == NEWSETELEM {
+                NfTablesMessage::NewSetElement(parse_set_element_message(body))
+            } else {
+                NfTablesMessage::NewRule(parse_rule_message(body))
+            };
+            return Ok(NetlinkPayload::InnerMessage(NetfilterMessage::new(
+                header, inner,
+            )));
+        }
         NetlinkMessage::<NetfilterMessage>::deserialize(self.bytes)
             .context(format!(
                 "netlink message type {:#06x} seq {}",

@@ -208,3 +208,48 @@ fn unknown_attributes_do_not_fail_a_dump() {
     );
     assert_eq!(r.comment, "hi");
 }
+
+/// The one-pass decoders for dumped elements and rules read exactly what the
+/// crate's typed parser reads (on every element and rule message of two batches).
+#[test]
+fn fast_dump_decoders_agree_with_the_crate() {
+    use super::KeyType::*;
+    use netlink_packet_netfilter::nftables::{NfTablesMessage as M, RuleAttribute as A};
+    let (mut elements, mut rules) = (0, 0);
+    for (ops, key) in [
+        (ops(), vec![Ipv4Addr, InetProto, InetService]),
+        (ops_many(), vec![InetService]),
+    ] {
+        let b = batch(&ops);
+        let mut i = 0;
+        while i < b.buf.len() {
+            let m = NetlinkMessage::<NetfilterMessage>::deserialize(&b.buf[i..]).unwrap();
+            let len = m.header.length as usize;
+            let body = &b.buf[i + 16 + 4..i + len];
+            i += len;
+            let NetlinkPayload::InnerMessage(NetfilterMessage { inner, .. }) = m.payload else {
+                continue;
+            };
+            match inner {
+                NetfilterMessageInner::NfTables(M::NewSetElement(e)) => {
+                    let (mut slow, mut fast) = (Vec::new(), Vec::new());
+                    parse_elements(&e, &key, &mut slow);
+                    parse_elements(&parse_set_element_message(body), &key, &mut fast);
+                    assert_eq!(slow, fast);
+                    elements += fast.len();
+                }
+                NetfilterMessageInner::NfTables(M::NewRule(r)) => {
+                    let keep = |a: &&A| {
+                        matches!(a, A::Table(_) | A::Chain(_) | A::Handle(_) | A::UserData(_))
+                    };
+                    let slow: Vec<A> = r.attributes.iter().filter(keep).cloned().collect();
+                    assert_eq!(slow, parse_rule_message(body).attributes);
+                    rules += 1;
+                }
+                _ => {}
+            }
+        }
+    }
+    assert!(elements >= 3000, "{elements}");
+    assert!(rules >= 14, "{rules}");
+}
