@@ -1,6 +1,7 @@
 //! IPVS codec tests against bytes built by hand from `linux/ip_vs.h` (no IPVS on
-//! the build host, so no captured kernel bytes), plus a kernel test that skips
-//! with a message when the `IPVS` generic netlink family is absent.
+//! the build host; tests/vm_ipvs_golden.rs compares with bytes captured from
+//! `ipvsadm` in the VM), plus a kernel test that skips with a message when the
+//! `IPVS` generic netlink family is absent.
 
 use std::net::IpAddr;
 
@@ -22,7 +23,7 @@ fn ip(s: &str) -> IpAddr {
 #[rustfmt::skip]
 const NEW_SERVICE_TCP_V4: &[u8] = &[
     0x01, 0x01, 0x00, 0x00,                         // genlmsghdr: NEW_SERVICE, v1
-    0x54, 0x00, 0x01, 0x00,                         // IPVS_CMD_ATTR_SERVICE, len 84
+    0x54, 0x00, 0x01, 0x80,                         // IPVS_CMD_ATTR_SERVICE | NLA_F_NESTED, len 84
       0x06, 0x00, 0x01, 0x00, 0x02, 0x00, 0x00, 0x00, // AF = AF_INET (u16) + pad
       0x06, 0x00, 0x02, 0x00, 0x06, 0x00, 0x00, 0x00, // PROTOCOL = 6 (TCP)
       0x14, 0x00, 0x03, 0x00,                         // ADDR (nf_inet_addr, 16 bytes)
@@ -49,7 +50,7 @@ fn new_service_bytes() {
 #[rustfmt::skip]
 const NEW_SERVICE_UDP_V6_PERSISTENT: &[u8] = &[
     0x01, 0x01, 0x00, 0x00,
-    0x54, 0x00, 0x01, 0x00,                         // SERVICE, len 84
+    0x54, 0x00, 0x01, 0x80,                         // SERVICE (nested), len 84
       0x06, 0x00, 0x01, 0x00, 0x0a, 0x00, 0x00, 0x00, // AF = AF_INET6
       0x06, 0x00, 0x02, 0x00, 0x11, 0x00, 0x00, 0x00, // PROTOCOL = 17
       0x14, 0x00, 0x03, 0x00,
@@ -79,7 +80,7 @@ fn new_service_v6_persistent_bytes() {
 #[rustfmt::skip]
 const DEL_SERVICE_FWMARK: &[u8] = &[
     0x03, 0x01, 0x00, 0x00,
-    0x14, 0x00, 0x01, 0x00,
+    0x14, 0x00, 0x01, 0x80,
       0x06, 0x00, 0x01, 0x00, 0x02, 0x00, 0x00, 0x00,
       0x08, 0x00, 0x05, 0x00, 0x07, 0x00, 0x00, 0x00,
 ];
@@ -97,12 +98,12 @@ fn del_service_fwmark_bytes() {
 #[rustfmt::skip]
 const NEW_DEST: &[u8] = &[
     0x05, 0x01, 0x00, 0x00,
-    0x30, 0x00, 0x01, 0x00,                         // SERVICE (id), len 48
+    0x30, 0x00, 0x01, 0x80,                         // SERVICE (id, nested), len 48
       0x06, 0x00, 0x01, 0x00, 0x02, 0x00, 0x00, 0x00,
       0x06, 0x00, 0x02, 0x00, 0x06, 0x00, 0x00, 0x00,
       0x14, 0x00, 0x03, 0x00, 10, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
       0x06, 0x00, 0x04, 0x00, 0x00, 0x50, 0x00, 0x00,
-    0x48, 0x00, 0x02, 0x00,                         // DEST, len 72
+    0x48, 0x00, 0x02, 0x80,                         // DEST (nested), len 72
       0x06, 0x00, 0x0b, 0x00, 0x02, 0x00, 0x00, 0x00, // ADDR_FAMILY = AF_INET
       0x14, 0x00, 0x01, 0x00, 10, 1, 0, 5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
       0x06, 0x00, 0x02, 0x00, 0x1f, 0x90, 0x00, 0x00, // PORT 8080
@@ -144,7 +145,14 @@ const DEST_DUMP_REPLY: &[u8] = &[
 #[test]
 fn dest_dump_reply_parses_and_roundtrips() {
     let m = IpvsMessage::parse(DEST_DUMP_REPLY).unwrap();
-    assert_eq!(emit(&m), DEST_DUMP_REPLY, "emit(parse(bytes)) == bytes");
+    // The kernel nests without NLA_F_NESTED in dumps; we (like ipvsadm) set it.
+    let mut flagged = DEST_DUMP_REPLY.to_vec();
+    flagged[7] |= 0x80;
+    assert_eq!(
+        emit(&m),
+        flagged,
+        "emit(parse(bytes)) == bytes, nested flag aside"
+    );
     let IpvsCmdAttr::Dest(attrs) = &m.attributes[0] else {
         panic!("not a dest: {m:?}")
     };

@@ -565,8 +565,9 @@ impl Nla for IpvsCmdAttr {
     }
     fn kind(&self) -> u16 {
         match self {
-            IpvsCmdAttr::Service(_) => IPVS_CMD_ATTR_SERVICE,
-            IpvsCmdAttr::Dest(_) => IPVS_CMD_ATTR_DEST,
+            // Nested, flagged as such like ipvsadm (libnl) sends them.
+            IpvsCmdAttr::Service(_) => IPVS_CMD_ATTR_SERVICE | netlink_packet_core::NLA_F_NESTED,
+            IpvsCmdAttr::Dest(_) => IPVS_CMD_ATTR_DEST | netlink_packet_core::NLA_F_NESTED,
             IpvsCmdAttr::TimeoutTcp(_) => IPVS_CMD_ATTR_TIMEOUT_TCP,
             IpvsCmdAttr::TimeoutTcpFin(_) => IPVS_CMD_ATTR_TIMEOUT_TCP_FIN,
             IpvsCmdAttr::TimeoutUdp(_) => IPVS_CMD_ATTR_TIMEOUT_UDP,
