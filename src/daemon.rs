@@ -96,58 +96,48 @@ struct Daemon<'a> {
     service_health: Option<ServiceHealthServer>,
     /// Cluster state of the last successful sync.
     committed: Option<ClusterState>,
-    /// Content fingerprint per object, to count changes and find trigger times.
-    seen_services: HashMap<String, u64>,
-    seen_slices: HashMap<String, u64>,
+    /// The objects of the last successful sync, to count changes and find the
+    /// EndpointSlices whose trigger time is new.
+    previous: Objects,
     /// Warnings of the last build, so a periodic sync does not repeat them.
     last_warnings: BTreeSet<String>,
     netlink_messages: u64,
 }
 
-fn fnv(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
-    })
-}
-
-/// Fingerprints by `namespace/name`, ignoring bookkeeping fields.
-fn fingerprints<T: serde::Serialize>(
-    objs: &[T],
+/// `namespace/name` of the objects that differ between `before` and `after`
+/// (added, changed or removed). Objects compare by content; the sources strip
+/// bookkeeping fields (resourceVersion, managedFields) already.
+fn changed_keys<T: PartialEq>(
+    before: &[T],
+    after: &[T],
     meta: impl Fn(&T) -> &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
-) -> HashMap<String, u64> {
-    objs.iter()
-        .map(|o| {
-            let m = meta(o);
-            let key = format!(
-                "{}/{}",
-                m.namespace.as_deref().unwrap_or(""),
-                m.name.as_deref().unwrap_or("")
-            );
-            let mut v = serde_json::to_value(o).unwrap_or_default();
-            if let Some(meta) = v.get_mut("metadata").and_then(|m| m.as_object_mut()) {
-                meta.remove("resourceVersion");
-                meta.remove("managedFields");
-                meta.remove("generation");
-            }
-            (key, fnv(v.to_string().as_bytes()))
-        })
-        .collect()
-}
-
-fn changed(before: &HashMap<String, u64>, after: &HashMap<String, u64>) -> Vec<String> {
-    let mut out: Vec<String> = after
-        .iter()
-        .filter(|(k, v)| before.get(*k) != Some(v))
-        .map(|(k, _)| k.clone())
-        .collect();
-    out.extend(before.keys().filter(|k| !after.contains_key(*k)).cloned());
+) -> Vec<String> {
+    let key = |o: &T| {
+        let m = meta(o);
+        format!(
+            "{}/{}",
+            m.namespace.as_deref().unwrap_or(""),
+            m.name.as_deref().unwrap_or("")
+        )
+    };
+    let mut old: HashMap<String, &T> = before.iter().map(|o| (key(o), o)).collect();
+    let mut out = Vec::new();
+    for o in after {
+        let k = key(o);
+        match old.remove(&k) {
+            Some(p) if p == o => {}
+            _ => out.push(k),
+        }
+    }
+    out.extend(old.into_keys());
     out
 }
 
 impl Daemon<'_> {
     /// One sync of `objects`; updates health, metrics, health-check ports and
     /// conntrack. Returns whether it succeeded.
-    async fn sync(&mut self, objects: &Objects) -> bool {
+    async fn sync(&mut self, snapshot: Objects) -> bool {
+        let objects = &snapshot;
         let started = Instant::now();
         let (state, warnings) = build_state_quiet(self.cfg, objects);
         let warnings: BTreeSet<String> = warnings.into_iter().collect();
@@ -156,10 +146,13 @@ impl Daemon<'_> {
         }
         self.last_warnings = warnings;
 
-        let services = fingerprints(&objects.services, |s| &s.metadata);
-        let slices = fingerprints(&objects.endpoint_slices, |s| &s.metadata);
-        let changed_services = changed(&self.seen_services, &services);
-        let changed_slices = changed(&self.seen_slices, &slices);
+        let changed_services =
+            changed_keys(&self.previous.services, &objects.services, |s| &s.metadata);
+        let changed_slices = changed_keys(
+            &self.previous.endpoint_slices,
+            &objects.endpoint_slices,
+            |s| &s.metadata,
+        );
         self.metrics
             .set_service_changes_pending(changed_services.len() as u64);
         self.metrics
@@ -195,14 +188,13 @@ impl Daemon<'_> {
             tracing::info!(?elapsed, ?ops, "sync: committed");
         }
         self.record_success(&ops, elapsed, objects, &changed_slices);
-        self.seen_services = services;
-        self.seen_slices = slices;
 
         self.update_service_health(&state, &nodeports).await;
         if let Some(prev) = &self.committed {
             clear_stale_conntrack(&stale_flows(prev, &state), &self.metrics);
         }
         self.committed = Some(state);
+        self.previous = snapshot;
         true
     }
 
@@ -397,8 +389,7 @@ pub async fn run(
         metrics: metrics.clone(),
         service_health: None,
         committed: None,
-        seen_services: HashMap::new(),
-        seen_slices: HashMap::new(),
+        previous: Objects::default(),
         last_warnings: BTreeSet::new(),
         netlink_messages: 0,
     };
@@ -425,7 +416,7 @@ pub async fn run(
                 // Read the kernel back: repairs drift nobody told us about.
                 daemon.backend.request_full_sync();
             }
-            let ok = daemon.sync(&source.snapshot()).await;
+            let ok = daemon.sync(source.snapshot()).await;
             runner.ran(now, ok);
             continue;
         }
