@@ -11,7 +11,7 @@ use std::time::{Duration, Instant, SystemTime};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::config::Config;
-use crate::mode::nftables::{NodePortAddresses, desired_tables};
+use crate::mode::nftables::{NftablesOptions, NodePortAddresses, desired_tables};
 use crate::model::{ClusterState, IpFamily, TrafficPolicy, categorize_endpoints};
 use crate::proxier::{ProxierError, build_state_quiet, nftables_options};
 use crate::serve::{
@@ -31,11 +31,13 @@ pub trait Backend {
     /// `/proxyMode` and metric label: `nftables` or `ipvs`.
     fn mode(&self) -> &'static str;
     /// Brings the kernel to `state`; returns operation counts by kind (empty:
-    /// nothing was sent).
+    /// nothing was sent). `opts` are the flags resolved against the node, once per
+    /// sync by the daemon.
     fn sync(
         &mut self,
         cfg: &Config,
         state: &ClusterState,
+        opts: &NftablesOptions,
     ) -> Result<BTreeMap<&'static str, usize>, ProxierError>;
     /// Makes the next sync read the kernel back.
     fn request_full_sync(&mut self);
@@ -67,11 +69,11 @@ impl Backend for NftablesBackend {
 
     fn sync(
         &mut self,
-        cfg: &Config,
+        _cfg: &Config,
         state: &ClusterState,
+        opts: &NftablesOptions,
     ) -> Result<BTreeMap<&'static str, usize>, ProxierError> {
-        let opts = nftables_options(cfg, state)?;
-        let tables = desired_tables(state, &opts);
+        let tables = desired_tables(state, opts);
         for conflict in tables.iter().flat_map(|t| &t.conflicts) {
             tracing::warn!("conflicting services: {conflict}");
         }
@@ -164,15 +166,15 @@ impl Daemon<'_> {
             .find(|n| n.metadata.name.as_deref() == Some(state.node.name.as_str()));
         self.health.set_node(node.map(NodeEligibility::of));
 
-        let nodeports = match nftables_options(self.cfg, &state) {
-            Ok(opts) => opts.nodeport_addresses,
+        let opts = match nftables_options(self.cfg, &state) {
+            Ok(opts) => opts,
             Err(e) => {
                 tracing::error!("sync failed: {e}");
                 self.metrics.inc_sync_failures();
                 return false;
             }
         };
-        let ops = match self.backend.sync(self.cfg, &state) {
+        let ops = match self.backend.sync(self.cfg, &state, &opts) {
             Ok(ops) => ops,
             Err(e) => {
                 tracing::error!("sync failed, the next one reads the kernel back: {e}");
@@ -189,7 +191,8 @@ impl Daemon<'_> {
         }
         self.record_success(&ops, elapsed, objects, &changed_slices);
 
-        self.update_service_health(&state, &nodeports).await;
+        self.update_service_health(&state, &opts.nodeport_addresses)
+            .await;
         if let Some(prev) = &self.committed {
             clear_stale_conntrack(&stale_flows(prev, &state), &self.metrics);
         }

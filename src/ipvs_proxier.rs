@@ -12,7 +12,7 @@ use std::time::Duration;
 use crate::config::Config;
 use crate::daemon::Backend;
 use crate::mode::ipvs::{DUMMY_LINK, IpvsDesired, IpvsOptions, desired_ipvs};
-use crate::mode::nftables::NodePortAddresses;
+use crate::mode::nftables::{NftablesOptions, NodePortAddresses};
 use crate::model::ClusterState;
 use crate::proxier::{ProxierError, build_state_quiet, nftables_options};
 use crate::source::{ObjectSource, Objects};
@@ -26,12 +26,9 @@ fn sync_err(e: IpvsSyncError) -> ProxierError {
     ProxierError::Ipvs(e.to_string())
 }
 
-/// The ipvs-mode options for a cluster state (resolves `--nodeport-addresses`).
-pub fn ipvs_options(
-    cfg: &Config,
-    state: &crate::model::ClusterState,
-) -> Result<IpvsOptions, ProxierError> {
-    let nft = nftables_options(cfg, state)?;
+/// The ipvs-mode options from the flags resolved for the node (NodePorts on every
+/// local address are expanded to the address list ipvs needs).
+pub fn ipvs_options(cfg: &Config, nft: NftablesOptions) -> Result<IpvsOptions, ProxierError> {
     let nodeport_ips = match nft.nodeport_addresses {
         NodePortAddresses::Ips(ips) => ips,
         // Every local address but loopback, link-local and kube-ipvs0's.
@@ -70,7 +67,7 @@ pub fn sync_objects(
     for w in &warnings {
         tracing::warn!("skipped: {w}");
     }
-    let opts = ipvs_options(cfg, &state)?;
+    let opts = ipvs_options(cfg, nftables_options(cfg, &state)?)?;
     let desired = desired_ipvs(&state, &opts);
     for c in &desired.conflicts {
         tracing::warn!("conflicting services: {c}");
@@ -112,8 +109,9 @@ impl Backend for IpvsBackend {
         &mut self,
         cfg: &Config,
         state: &ClusterState,
+        opts: &NftablesOptions,
     ) -> Result<BTreeMap<&'static str, usize>, ProxierError> {
-        let opts = ipvs_options(cfg, state)?;
+        let opts = ipvs_options(cfg, opts.clone())?;
         let desired = desired_ipvs(state, &opts);
         for c in &desired.conflicts {
             tracing::warn!("conflicting services: {c}");
