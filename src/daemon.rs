@@ -11,7 +11,7 @@ use std::time::{Duration, Instant, SystemTime};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::config::Config;
-use crate::mode::nftables::{NftablesOptions, NodePortAddresses, desired_tables};
+use crate::mode::nftables::{NftablesOptions, NftablesRenderer, NodePortAddresses};
 use crate::model::{ClusterState, IpFamily, TrafficPolicy, categorize_endpoints};
 use crate::proxier::{ProxierError, build_state_quiet, nftables_options};
 use crate::serve::{
@@ -50,15 +50,20 @@ pub trait Backend {
     }
 }
 
-/// nftables mode.
+/// nftables mode: the desired tables kept service by service, so a sync renders
+/// and sends only what changed.
 pub struct NftablesBackend {
     syncer: Syncer<NetlinkDataplane>,
+    renderer: NftablesRenderer,
 }
 
 impl NftablesBackend {
     /// Over `syncer`.
     pub fn new(syncer: Syncer<NetlinkDataplane>) -> Self {
-        NftablesBackend { syncer }
+        NftablesBackend {
+            syncer,
+            renderer: NftablesRenderer::default(),
+        }
     }
 }
 
@@ -73,11 +78,21 @@ impl Backend for NftablesBackend {
         state: &ClusterState,
         opts: &NftablesOptions,
     ) -> Result<BTreeMap<&'static str, usize>, ProxierError> {
-        let tables = desired_tables(state, opts);
-        for conflict in tables.iter().flat_map(|t| &t.conflicts) {
+        let (deltas, stats) = self.renderer.update(state, opts);
+        for conflict in &stats.conflicts {
             tracing::warn!("conflicting services: {conflict}");
         }
-        Ok(self.syncer.sync_owned(tables)?.ops)
+        let renderer = &self.renderer;
+        let outcome = self
+            .syncer
+            .sync_incremental(&deltas, || renderer.tables())?;
+        tracing::debug!(
+            rendered = stats.rendered,
+            node_changed = stats.node_changed,
+            full = outcome.full,
+            "nftables sync"
+        );
+        Ok(outcome.ops)
     }
 
     fn request_full_sync(&mut self) {

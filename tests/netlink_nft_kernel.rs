@@ -127,6 +127,7 @@ fn fixture(family: Family) -> Fixture {
             name: "service-ips".into(),
             key: vec![a, KeyType::InetProto, KeyType::InetService],
             verdict_map: true,
+            data: Vec::new(),
             flags: SetFlags::default(),
             timeout_ms: None,
         },
@@ -134,6 +135,7 @@ fn fixture(family: Family) -> Fixture {
             name: "no-endpoints".into(),
             key: vec![a, KeyType::InetProto, KeyType::InetService],
             verdict_map: false,
+            data: Vec::new(),
             flags: SetFlags::default(),
             timeout_ms: None,
         },
@@ -141,6 +143,7 @@ fn fixture(family: Family) -> Fixture {
             name: "aff".into(),
             key: vec![a],
             verdict_map: false,
+            data: Vec::new(),
             flags: SetFlags {
                 timeout: true,
                 dynamic: true,
@@ -151,6 +154,7 @@ fn fixture(family: Family) -> Fixture {
             name: "marks".into(),
             key: vec![KeyType::Mark],
             verdict_map: false,
+            data: Vec::new(),
             flags: SetFlags::default(),
             timeout_ms: None,
         },
@@ -169,14 +173,20 @@ fn fixture(family: Family) -> Fixture {
                 Element {
                     key: key(svc, 6, 80),
                     verdict: Some(Verdict::Jump("svc-a".into())),
+                    data: Vec::new(),
+                    comment: None,
                 },
                 Element {
                     key: key(svc, 17, 53),
                     verdict: Some(Verdict::Goto("svc-a".into())),
+                    data: Vec::new(),
+                    comment: None,
                 },
                 Element {
                     key: key(svc, 132, 9),
                     verdict: Some(Verdict::Drop),
+                    data: Vec::new(),
+                    comment: None,
                 },
             ],
         ),
@@ -185,6 +195,8 @@ fn fixture(family: Family) -> Fixture {
             vec![Element {
                 key: key(svc, 6, 81),
                 verdict: None,
+                data: Vec::new(),
+                comment: None,
             }],
         ),
         (
@@ -192,6 +204,8 @@ fn fixture(family: Family) -> Fixture {
             vec![Element {
                 key: vec![KeyValue::Mark(0x4000)],
                 verdict: None,
+                data: Vec::new(),
+                comment: None,
             }],
         ),
     ];
@@ -416,6 +430,7 @@ fn fixture(family: Family) -> Fixture {
                     op: DynsetOp::Update,
                     set: "aff".into(),
                     sreg_key: Reg(1),
+                    sreg_data: None,
                     timeout_ms: Some(10_800_000),
                 },
                 Expr::Immediate {
@@ -801,6 +816,7 @@ fn large_batch_applies_in_one_call() {
             name: "service-ips".into(),
             key: vec![KeyType::Ipv4Addr, KeyType::InetProto, KeyType::InetService],
             verdict_map: true,
+            data: Vec::new(),
             flags: SetFlags::default(),
             timeout_ms: None,
         };
@@ -840,6 +856,8 @@ fn large_batch_applies_in_one_call() {
                     KeyValue::Port(80),
                 ],
                 verdict: Some(Verdict::Jump(format!("svc-{}", i % 5000))),
+                data: Vec::new(),
+                comment: None,
             })
             .collect();
         ops.push(Op::AddElements {

@@ -165,6 +165,7 @@ fn ct_dynset_reject_meta_set_match_nft() {
             op: DynsetOp::Update,
             set: "aff".into(),
             sreg_key: Reg(1),
+            sreg_data: None,
             timeout_ms: Some(10_800_000),
         },
         Expr::Reject(RejectKind::IcmpUnreach(3)),
@@ -272,6 +273,8 @@ fn op_display_is_nft_like() {
                 KeyValue::Port(80),
             ],
             verdict: Some(Verdict::Jump("svc".into())),
+            data: Vec::new(),
+            comment: None,
         }],
     };
     assert_eq!(

@@ -1,53 +1,265 @@
-//! PURE: the nf_tables ruleset for a cluster state, per IP family.
+//! PURE: the nf_tables ruleset for a cluster state, per IP family, kept up to date
+//! service by service.
 //!
-//! The layout follows upstream kube-proxy's nftables mode (KEP-3866) for its
-//! semantics — `service-ips` / `service-nodeports` verdict maps, per-service chains,
-//! per-endpoint chains doing the hairpin mark and DNAT, `no-endpoint-*` maps that
-//! reject or drop, `cluster-ips` for unknown ports, `firewall-ips` for source ranges,
-//! mark-for-masquerade + `masquerade fully-random` — with two changes measured to keep
-//! the kernel's commit cost linear (DESIGN.md "Performance facts"):
+//! The *semantics* are upstream kube-proxy's nftables mode (KEP-3866): service IPs
+//! and NodePorts looked up by `daddr . l4proto . dport` / `l4proto . dport`,
+//! external-traffic handling with the pod/node short-circuit, reject or drop
+//! without endpoints, unknown ClusterIP ports rejected, unallocated ServiceCIDR
+//! addresses dropped, loadBalancerSourceRanges, mark-for-masquerade + `masquerade
+//! fully-random`, hairpin and ClientIP affinity.
 //!
-//! * endpoint selection is a chain of plain rules,
-//!   `numgen random mod (N-i) == 0 goto endpoint-i`, instead of one anonymous
-//!   `numgen … vmap { … }` set per service;
-//! * session affinity uses ONE shared timeout set per family, keyed
-//!   `client . endpoint address . endpoint port . service id`, instead of one set per
-//!   endpoint; source ranges are plain rules in a per-service firewall chain.
+//! The *layout* is element-only (DESIGN.md "What a commit costs in the kernel"):
+//! every per-service and per-endpoint fact is an element of a map or a set, and the
+//! table holds a constant handful of chains and rules. A commit that adds a chain,
+//! a rule or a `goto` element makes the kernel re-validate the whole chain graph;
+//! one that only adds or deletes data-map elements does not, so a Service or
+//! endpoint change costs the kernel the same at 10 or 44 000 services.
+//!
+//! * `service-ips` (`daddr . l4proto . dport`) and `service-nodeports`
+//!   (`l4proto . dport`) map an entry point to an endpoint *group* id.
+//!   `service-ips-local` / `service-nodeports-local` do the same for traffic from
+//!   outside the cluster to `externalTrafficPolicy: Local` services (their
+//!   node-local endpoints).
+//! * `endpoints` maps `group id . index` to `endpoint address . port`;
+//!   `group-classes` holds `group id . endpoint count . affinity timeout`, and one
+//!   rule per distinct (count, timeout) in use picks `numgen random mod count` and
+//!   DNATs in the same rule.
+//! * Session affinity: one dynamic timeout map `affinity`, `client . group id :
+//!   endpoint . port`, checked against `group-endpoints` before it is used, so an
+//!   entry for an endpoint that is gone never sends traffic anywhere.
+//! * Masquerade decisions are set lookups (`external-cluster-*`,
+//!   `external-local-*`, `cluster-ips`), hairpin one `saddr . daddr` set.
+//! * Register use inside a dispatch rule (32-bit registers, `A` = address
+//!   registers of the family, 1 or 4): the entry key is loaded from register 0,
+//!   the group id lands in `G = 2A + 2`, the client address in `G - A` (so
+//!   `client . group` is one contiguous affinity key), count and timeout constants
+//!   in `G + 1`, `G + 2`, and the chosen endpoint in `G + 1` onwards (so `group .
+//!   endpoint . port` is one contiguous key too).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 
 use ipnet::IpNet;
 use kube_nlproxy_netlink::nft::{
-    BaseChain, Chain, ChainType, Element, Family, Hook, KeyType, KeyValue, Rule, Set, SetFlags,
-    Verdict,
+    BaseChain, Chain, ChainType, DynsetOp, Element, Family, Hook, KeyType, KeyValue, Reg, Rule,
+    Set, SetFlags, Verdict,
 };
 
 use crate::mode::rules::{KeyField, RuleBuilder};
 use crate::model::{
-    ClusterState, Endpoint, IpFamily, ServicePort, ServicePortName, categorize_endpoints,
+    ClusterState, Endpoint, IpFamily, NodeInfo, ServicePort, ServicePortName, TrafficPolicy,
+    categorize_endpoints,
 };
 
 /// Name of both of our tables (`ip kube-nlproxy`, `ip6 kube-nlproxy`).
 pub const TABLE: &str = "kube-nlproxy";
 
-const SERVICE_IPS: &str = "service-ips";
-const SERVICE_NODEPORTS: &str = "service-nodeports";
-const NO_ENDPOINT_SERVICES: &str = "no-endpoint-services";
-const NO_ENDPOINT_NODEPORTS: &str = "no-endpoint-nodeports";
-const FIREWALL_IPS: &str = "firewall-ips";
-const CLUSTER_IPS: &str = "cluster-ips";
-const NODEPORT_IPS: &str = "nodeport-ips";
-const AFFINITY: &str = "affinity";
-
 const MARK_FOR_MASQUERADE: &str = "mark-for-masquerade";
 const MASQUERADING: &str = "masquerading";
 const SERVICES: &str = "services";
-const REJECT_CHAIN: &str = "reject-chain";
 const FIREWALL_CHECK: &str = "firewall-check";
 const CLUSTER_IPS_CHECK: &str = "cluster-ips-check";
 const SERVICE_ENDPOINTS_CHECK: &str = "service-endpoints-check";
 const NODEPORT_ENDPOINTS_CHECK: &str = "nodeport-endpoints-check";
+const DISPATCH_IPS: &str = "dispatch-ips";
+const DISPATCH_NODEPORTS: &str = "dispatch-nodeports";
+const DISPATCH_IPS_LOCAL: &str = "dispatch-ips-local";
+const DISPATCH_NODEPORTS_LOCAL: &str = "dispatch-nodeports-local";
+
+/// The sets and maps of the table. Every one exists whatever the services are,
+/// except `firewall-allow-P`, which exists while some source range has prefix
+/// length P. "ips" sets are keyed by `daddr . l4proto . dport` (ClusterIPs,
+/// externalIPs, LB IPs), "nodeports" sets by `l4proto . dport`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum SetId {
+    /// `cluster-ips`: ClusterIPs (unknown ports are rejected; masquerade from
+    /// outside the cluster).
+    ClusterIps,
+    /// `nodeport-ips`: the addresses NodePorts listen on (`--nodeport-addresses`).
+    NodeportIps,
+    /// `*-classes`: `entry . endpoint count . affinity timeout` of every entry
+    /// point with endpoints; one DNAT rule per class in use.
+    Classes(Entry),
+    /// `*-endpoints`: `entry . index : endpoint address . port`.
+    Endpoints(Entry),
+    /// `affinity-timeouts`: `address . proto . port . timeout` of the entry
+    /// points with ClientIP affinity (a NodePort once per NodePort address).
+    AffinityTimeouts,
+    /// `affinity`: `client . address . proto . port : endpoint address . port`,
+    /// filled by packets (recorded after DNAT, followed before it).
+    Affinity,
+    /// `external-cluster-*`: external entry points of eTP Cluster services
+    /// (always masqueraded).
+    ExternalCluster(EntryKind),
+    /// `external-local-*`: external entry points of eTP Local services with
+    /// endpoints (the node's own traffic is masqueraded and short-circuited).
+    ExternalLocal(EntryKind),
+    /// `no-endpoint-reject-*`: entry points of services without any endpoint.
+    NoEndpointReject(EntryKind),
+    /// `no-endpoint-drop-*`: entry points whose traffic policy finds no endpoint.
+    NoEndpointDrop(EntryKind),
+    /// `firewall-ips`: LB IPs with loadBalancerSourceRanges.
+    FirewallIps,
+    /// `firewall-allow-P`: `lb . proto . port . source network` of prefix length P.
+    FirewallAllow(u8),
+    /// `hairpin`: `endpoint . endpoint` (a pod reaching itself is masqueraded).
+    Hairpin,
+}
+
+/// How an entry point is keyed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum EntryKind {
+    /// `daddr . l4proto . dport`: ClusterIPs, externalIPs, LB IPs.
+    Ips,
+    /// `l4proto . dport` on a NodePort address.
+    Nodeports,
+}
+
+/// Which endpoints an entry point's traffic goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Entry {
+    /// ClusterIP: the internal policy's endpoints; external addresses: cluster
+    /// endpoints (for eTP Local, the pod and node short-circuit).
+    Main(EntryKind),
+    /// External addresses of eTP Local services, traffic from outside the
+    /// cluster: this node's endpoints.
+    Local(EntryKind),
+}
+
+impl EntryKind {
+    fn suffix(self) -> &'static str {
+        match self {
+            EntryKind::Ips => "ips",
+            EntryKind::Nodeports => "nodeports",
+        }
+    }
+
+    fn key(self, family: Family) -> Vec<KeyType> {
+        match self {
+            EntryKind::Ips => vec![KeyType::addr(family), KeyType::InetProto, KeyType::InetService],
+            EntryKind::Nodeports => vec![KeyType::InetProto, KeyType::InetService],
+        }
+    }
+
+    fn fields(self) -> &'static [KeyField] {
+        match self {
+            EntryKind::Ips => &[KeyField::Daddr, KeyField::L4Proto, KeyField::Dport],
+            EntryKind::Nodeports => &[KeyField::L4Proto, KeyField::Dport],
+        }
+    }
+}
+
+impl Entry {
+    fn kind(self) -> EntryKind {
+        match self {
+            Entry::Main(k) | Entry::Local(k) => k,
+        }
+    }
+
+    fn name(self) -> String {
+        match self {
+            Entry::Main(k) => k.suffix().to_string(),
+            Entry::Local(k) => format!("{}-local", k.suffix()),
+        }
+    }
+
+    const ALL: [Entry; 4] = [
+        Entry::Main(EntryKind::Ips),
+        Entry::Main(EntryKind::Nodeports),
+        Entry::Local(EntryKind::Ips),
+        Entry::Local(EntryKind::Nodeports),
+    ];
+}
+
+impl SetId {
+    /// The set's name in the kernel.
+    pub fn name(self) -> String {
+        match self {
+            SetId::ClusterIps => "cluster-ips".into(),
+            SetId::NodeportIps => "nodeport-ips".into(),
+            SetId::Classes(e) => format!("classes-{}", e.name()),
+            SetId::Endpoints(e) => format!("endpoints-{}", e.name()),
+            SetId::AffinityTimeouts => "affinity-timeouts".into(),
+            SetId::Affinity => "affinity".into(),
+            SetId::ExternalCluster(k) => format!("external-cluster-{}", k.suffix()),
+            SetId::ExternalLocal(k) => format!("external-local-{}", k.suffix()),
+            SetId::NoEndpointReject(k) => format!("no-endpoint-reject-{}", k.suffix()),
+            SetId::NoEndpointDrop(k) => format!("no-endpoint-drop-{}", k.suffix()),
+            SetId::FirewallIps => "firewall-ips".into(),
+            SetId::FirewallAllow(p) => format!("firewall-allow-{p}"),
+            SetId::Hairpin => "hairpin".into(),
+        }
+    }
+
+    /// The fixed sets.
+    fn fixed() -> Vec<SetId> {
+        let mut out = vec![
+            SetId::ClusterIps,
+            SetId::NodeportIps,
+            SetId::FirewallIps,
+            SetId::Hairpin,
+            SetId::AffinityTimeouts,
+            SetId::Affinity,
+        ];
+        for e in Entry::ALL {
+            out.push(SetId::Classes(e));
+            out.push(SetId::Endpoints(e));
+        }
+        for k in [EntryKind::Ips, EntryKind::Nodeports] {
+            out.extend([
+                SetId::ExternalCluster(k),
+                SetId::ExternalLocal(k),
+                SetId::NoEndpointReject(k),
+                SetId::NoEndpointDrop(k),
+            ]);
+        }
+        out
+    }
+
+    /// The set's definition in a table of `family`.
+    pub fn definition(self, family: Family) -> Set {
+        use KeyType::{InetProto, InetService, Mark};
+        let addr = KeyType::addr(family);
+        let with = |mut key: Vec<KeyType>, more: &[KeyType]| {
+            key.extend_from_slice(more);
+            key
+        };
+        let plain = SetFlags::default();
+        let (key, data, flags) = match self {
+            SetId::ClusterIps | SetId::NodeportIps => (vec![addr], vec![], plain),
+            SetId::Classes(e) => (with(e.kind().key(family), &[Mark, Mark]), vec![], plain),
+            SetId::Endpoints(e) => (
+                with(e.kind().key(family), &[Mark]),
+                vec![addr, InetService],
+                plain,
+            ),
+            SetId::AffinityTimeouts => (vec![addr, InetProto, InetService, Mark], vec![], plain),
+            SetId::Affinity => (
+                vec![addr, addr, InetProto, InetService],
+                vec![addr, InetService],
+                SetFlags {
+                    timeout: true,
+                    dynamic: true,
+                },
+            ),
+            SetId::ExternalCluster(k)
+            | SetId::ExternalLocal(k)
+            | SetId::NoEndpointReject(k)
+            | SetId::NoEndpointDrop(k) => (k.key(family), vec![], plain),
+            SetId::FirewallIps => (vec![addr, InetProto, InetService], vec![], plain),
+            SetId::FirewallAllow(_) => (vec![addr, InetProto, InetService, addr], vec![], plain),
+            SetId::Hairpin => (vec![addr, addr], vec![], plain),
+        };
+        Set {
+            name: self.name(),
+            key,
+            verdict_map: false,
+            data,
+            flags,
+            timeout_ms: None,
+        }
+    }
+}
 
 /// How the proxy tells traffic from local pods apart (`--detect-local-mode`).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -176,6 +388,7 @@ impl TableSpec {
                     name: name.to_string(),
                     key,
                     verdict_map,
+                    data: Vec::new(),
                     flags,
                     timeout_ms: None,
                 },
@@ -200,7 +413,12 @@ impl TableSpec {
             }
             self.claimed.insert(claim, verdict.clone());
         }
-        spec.elements.insert(Element { key, verdict });
+        spec.elements.insert(Element {
+            key,
+            verdict,
+            data: Vec::new(),
+            comment: None,
+        });
     }
 
     pub(crate) fn rule(&mut self, chain: &str, builder: RuleBuilder, comment: Option<&str>) {
@@ -221,66 +439,701 @@ pub(crate) fn family_of(f: IpFamily) -> Family {
     }
 }
 
-/// Builds both tables (v4 first).
-pub fn desired_tables(state: &ClusterState, opts: &NftablesOptions) -> Vec<TableSpec> {
-    IpFamily::ALL
-        .iter()
-        .map(|f| desired_table(state, opts, *f))
-        .collect()
+pub(crate) fn net_family(net: &IpNet) -> IpFamily {
+    match net {
+        IpNet::V4(_) => IpFamily::V4,
+        IpNet::V6(_) => IpFamily::V6,
+    }
 }
 
-/// Builds the table of one family.
+/// Builds both tables (v4 first) from scratch.
+pub fn desired_tables(state: &ClusterState, opts: &NftablesOptions) -> Vec<TableSpec> {
+    let mut renderer = NftablesRenderer::default();
+    renderer.update(state, opts);
+    renderer.tables()
+}
+
+/// Builds the table of one family from scratch.
 pub fn desired_table(
     state: &ClusterState,
     opts: &NftablesOptions,
     ip_family: IpFamily,
 ) -> TableSpec {
-    let family = family_of(ip_family);
-    let mut t = skeleton(family, state, opts, ip_family);
-    for ((_, f), svc) in &state.services {
-        if *f != ip_family {
-            continue;
-        }
-        let endpoints = state
-            .endpoints
-            .get(&svc.name)
-            .map(Vec::as_slice)
-            .unwrap_or(&[]);
-        service_port(&mut t, svc, endpoints, state, opts);
-    }
-    t
+    let mut table = FamilyRenderer::new(ip_family);
+    table.update(state, opts);
+    table.table()
 }
 
-/// Chains, sets and maps that exist whatever the services are.
+/// What one [`NftablesRenderer::update`] changed, per family, for
+/// `sync::diff::delta_ops`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TableDelta {
+    /// `ip` or `ip6`.
+    pub family: Option<Family>,
+    /// Chains to create first (only when the table is new).
+    pub new_chains: Vec<Chain>,
+    /// Sets to create first (a source-range prefix length newly in use).
+    pub add_sets: Vec<Set>,
+    /// Elements to delete, by set name (including the old version of changed ones).
+    pub delete_elements: BTreeMap<String, Vec<Element>>,
+    /// Chains whose rules changed: flushed and rewritten.
+    pub chains: Vec<ChainSpec>,
+    /// Elements to add, by set name.
+    pub add_elements: BTreeMap<String, Vec<Element>>,
+    /// Sets to delete last.
+    pub delete_sets: Vec<String>,
+}
+
+impl TableDelta {
+    /// Whether nothing changed.
+    pub fn is_empty(&self) -> bool {
+        self.add_sets.is_empty()
+            && self.new_chains.is_empty()
+            && self.delete_elements.is_empty()
+            && self.chains.is_empty()
+            && self.add_elements.is_empty()
+            && self.delete_sets.is_empty()
+    }
+}
+
+/// What one update did, for logs, metrics and tests.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RenderStats {
+    /// Service ports rendered again (changed, added or removed).
+    pub rendered: usize,
+    /// Whether the node-level part (options, node, ServiceCIDRs) changed, which
+    /// re-renders every service port.
+    pub node_changed: bool,
+    /// Map keys claimed by two services with different data (the first in name
+    /// order keeps the key), as messages for the log.
+    pub conflicts: Vec<String>,
+}
+
+/// The desired nftables dataplane of both families, kept service by service: an
+/// update re-renders only the service ports whose inputs changed and says which
+/// elements, chains and sets that changed.
+#[derive(Debug, Clone)]
+pub struct NftablesRenderer {
+    families: [FamilyRenderer; 2],
+}
+
+impl Default for NftablesRenderer {
+    fn default() -> Self {
+        NftablesRenderer {
+            families: [
+                FamilyRenderer::new(IpFamily::V4),
+                FamilyRenderer::new(IpFamily::V6),
+            ],
+        }
+    }
+}
+
+impl NftablesRenderer {
+    /// Brings the desired state to `state`; returns what changed, per family.
+    pub fn update(
+        &mut self,
+        state: &ClusterState,
+        opts: &NftablesOptions,
+    ) -> (Vec<TableDelta>, RenderStats) {
+        let mut stats = RenderStats::default();
+        let deltas = self
+            .families
+            .iter_mut()
+            .map(|f| {
+                let (delta, s) = f.update(state, opts);
+                stats.rendered += s.rendered;
+                stats.node_changed |= s.node_changed;
+                stats.conflicts.extend(s.conflicts);
+                delta
+            })
+            .collect();
+        (deltas, stats)
+    }
+
+    /// The whole desired tables (v4 first): for a read-back diff, `plan` and
+    /// `--once`'s check. O(size); the incremental path never calls it.
+    pub fn tables(&self) -> Vec<TableSpec> {
+        self.families.iter().map(FamilyRenderer::table).collect()
+    }
+
+    /// Number of service ports held, both families.
+    pub fn service_ports(&self) -> usize {
+        self.families.iter().map(|f| f.services.len()).sum()
+    }
+}
+
+/// The node-level inputs of a family's table: when they change, every service
+/// port is rendered again.
+#[derive(Debug, Clone, PartialEq, Default)]
+struct NodeInputs {
+    opts: Option<NftablesOptions>,
+    node: NodeInfo,
+    service_cidrs: Vec<IpNet>,
+}
+
+/// A dispatch class: one DNAT rule per (endpoint count, affinity timeout) in use.
+type Class = (u32, u32);
+
+/// What one service port put into the table, to take it out again.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Contribution {
+    elements: Vec<(SetId, Element)>,
+    classes: Vec<Class>,
+    prefixes: Vec<u8>,
+    /// Entry points (`address . proto . port`) with ClientIP affinity and the
+    /// endpoints their traffic may go to.
+    affinity: Vec<(Vec<KeyValue>, BTreeSet<(IpAddr, u16)>)>,
+}
+
+/// One service port as last rendered.
+#[derive(Debug, Clone)]
+struct RenderedService {
+    svc: ServicePort,
+    endpoints: Vec<Endpoint>,
+    contribution: Contribution,
+}
+
+/// The claims on one element key: by service port, in name order. The first one
+/// is in the kernel.
+type Claims = BTreeMap<ServicePortName, Element>;
+
+/// The table of one family.
+#[derive(Debug, Clone)]
+struct FamilyRenderer {
+    ip_family: IpFamily,
+    family: Family,
+    inputs: NodeInputs,
+    /// Chains and the node-level elements (`nodeport-ips`), rendered from
+    /// `inputs`, `classes` and `prefixes`.
+    skeleton: TableSpec,
+    services: HashMap<ServicePortName, RenderedService>,
+    claims: HashMap<(SetId, Vec<KeyValue>), Claims>,
+    classes: BTreeMap<Class, usize>,
+    prefixes: BTreeMap<u8, usize>,
+}
+
+impl FamilyRenderer {
+    fn new(ip_family: IpFamily) -> Self {
+        let family = family_of(ip_family);
+        FamilyRenderer {
+            ip_family,
+            family,
+            inputs: NodeInputs::default(),
+            skeleton: TableSpec::new(family),
+            services: HashMap::new(),
+            claims: HashMap::new(),
+            classes: BTreeMap::new(),
+            prefixes: BTreeMap::new(),
+        }
+    }
+
+    /// The whole table: skeleton plus the first claim of every element key.
+    fn table(&self) -> TableSpec {
+        let mut t = self.skeleton.clone();
+        for ((set, _), claims) in &self.claims {
+            if let Some(e) = claims.values().next() {
+                t.sets
+                    .get_mut(&set.name())
+                    .expect("every claimed set is in the skeleton")
+                    .elements
+                    .insert(e.clone());
+            }
+        }
+        t
+    }
+
+    fn update(
+        &mut self,
+        state: &ClusterState,
+        opts: &NftablesOptions,
+    ) -> (TableDelta, RenderStats) {
+        let inputs = NodeInputs {
+            opts: Some(opts.clone()),
+            node: state.node.clone(),
+            service_cidrs: state
+                .service_cidrs
+                .iter()
+                .filter(|c| net_family(c) == self.ip_family)
+                .copied()
+                .collect(),
+        };
+        let node_changed = inputs != self.inputs;
+        self.inputs = inputs;
+
+        // Which service ports to render again.
+        let no_endpoints: Vec<Endpoint> = Vec::new();
+        let mut dirty: Vec<ServicePortName> = Vec::new();
+        let mut present = 0usize;
+        for ((name, f), svc) in &state.services {
+            if *f != self.ip_family {
+                continue;
+            }
+            present += 1;
+            let eps = state.endpoints.get(name).unwrap_or(&no_endpoints);
+            let unchanged = !node_changed
+                && self
+                    .services
+                    .get(name)
+                    .is_some_and(|r| r.svc == *svc && r.endpoints == *eps);
+            if !unchanged {
+                dirty.push(name.clone());
+            }
+        }
+        let still_present = present - dirty.iter().filter(|n| !self.services.contains_key(*n)).count();
+        if still_present < self.services.len() {
+            // Some rendered port is gone.
+            dirty.extend(
+                self.services
+                    .keys()
+                    .filter(|n| !state.services.contains_key(&((*n).clone(), self.ip_family)))
+                    .cloned(),
+            );
+        }
+
+        let mut touched: HashMap<(SetId, Vec<KeyValue>), Option<Element>> = HashMap::new();
+        let mut conflicts = Vec::new();
+        let old_classes: BTreeSet<Class> = self.classes.keys().copied().collect();
+        let old_prefixes: BTreeSet<u8> = self.prefixes.keys().copied().collect();
+        for name in &dirty {
+            if let Some(old) = self.services.remove(name) {
+                self.withdraw(name, &old.contribution, &mut touched);
+            }
+            match state.services.get(&(name.clone(), self.ip_family)) {
+                Some(svc) => {
+                    let eps = state.endpoints.get(name).unwrap_or(&no_endpoints);
+                    let contribution = self.render(svc, eps, &state.node);
+                    self.claim(name, &contribution, &mut touched, &mut conflicts);
+                    self.services.insert(
+                        name.clone(),
+                        RenderedService {
+                            svc: svc.clone(),
+                            endpoints: eps.clone(),
+                            contribution,
+                        },
+                    );
+                }
+                None => {}
+            }
+        }
+
+        let mut delta = TableDelta {
+            family: Some(self.family),
+            ..TableDelta::default()
+        };
+        let classes: BTreeSet<Class> = self.classes.keys().copied().collect();
+        let prefixes: BTreeSet<u8> = self.prefixes.keys().copied().collect();
+        if node_changed || classes != old_classes || prefixes != old_prefixes {
+            let skeleton = skeleton(self.family, self.ip_family, &self.inputs, &classes, &prefixes);
+            skeleton_delta(&self.skeleton, &skeleton, &mut delta);
+            self.skeleton = skeleton;
+        }
+        for ((set, key), before) in touched {
+            let after = self
+                .claims
+                .get(&(set, key))
+                .and_then(|c| c.values().next());
+            if before.as_ref() == after {
+                continue;
+            }
+            let set_name = set.name();
+            if let Some(b) = before
+                && !delta.delete_sets.contains(&set_name)
+            {
+                delta
+                    .delete_elements
+                    .entry(set_name.clone())
+                    .or_default()
+                    .push(b);
+            }
+            if let Some(a) = after {
+                delta.add_elements.entry(set_name).or_default().push(a.clone());
+            }
+        }
+        for elements in delta
+            .delete_elements
+            .values_mut()
+            .chain(delta.add_elements.values_mut())
+        {
+            elements.sort();
+        }
+        let stats = RenderStats {
+            rendered: dirty.len(),
+            node_changed,
+            conflicts,
+        };
+        (delta, stats)
+    }
+
+    /// Takes a service port's elements, classes and prefixes out.
+    fn withdraw(
+        &mut self,
+        name: &ServicePortName,
+        contribution: &Contribution,
+        touched: &mut HashMap<(SetId, Vec<KeyValue>), Option<Element>>,
+    ) {
+        for (set, element) in &contribution.elements {
+            let key = (*set, claim_key(*set, &element.key));
+            let claims = self.claims.get_mut(&key);
+            let before = claims.as_ref().and_then(|c| c.values().next().cloned());
+            touched.entry(key.clone()).or_insert(before);
+            if let Some(claims) = claims {
+                claims.remove(name);
+                if claims.is_empty() {
+                    self.claims.remove(&key);
+                }
+            }
+        }
+        for class in &contribution.classes {
+            decrement(&mut self.classes, class);
+        }
+        for prefix in &contribution.prefixes {
+            decrement(&mut self.prefixes, prefix);
+        }
+    }
+
+    /// Puts a service port's elements, classes and prefixes in.
+    fn claim(
+        &mut self,
+        name: &ServicePortName,
+        contribution: &Contribution,
+        touched: &mut HashMap<(SetId, Vec<KeyValue>), Option<Element>>,
+        conflicts: &mut Vec<String>,
+    ) {
+        for (set, element) in &contribution.elements {
+            let key = (*set, claim_key(*set, &element.key));
+            let claims = self.claims.entry(key.clone()).or_default();
+            touched
+                .entry(key.clone())
+                .or_insert_with(|| claims.values().next().cloned());
+            let decides = matches!(
+                set,
+                SetId::Classes(_) | SetId::NoEndpointReject(_) | SetId::NoEndpointDrop(_)
+            );
+            if decides && let Some(first) = claims.keys().find(|n| *n != name) {
+                conflicts.push(format!(
+                    "{}: {} is claimed by {first} and {name}; the first in name order keeps it",
+                    set.name(),
+                    kube_nlproxy_netlink::nft::codec::fmt_element(&Element::new(key.1.clone())),
+                ));
+            }
+            claims.insert(name.clone(), element.clone());
+        }
+        for class in &contribution.classes {
+            *self.classes.entry(*class).or_default() += 1;
+        }
+        for prefix in &contribution.prefixes {
+            *self.prefixes.entry(*prefix).or_default() += 1;
+        }
+    }
+
+    /// The elements, dispatch classes and source-range prefix lengths of one
+    /// service port.
+    fn render(&self, svc: &ServicePort, endpoints: &[Endpoint], node: &NodeInfo) -> Contribution {
+        let cat = categorize_endpoints(endpoints, svc, node);
+        let cluster = dedup_endpoints(&cat.cluster);
+        let local = dedup_endpoints(&cat.local);
+        let comment = port_comment(&svc.name);
+        let proto = svc.name.protocol.number();
+        let timeout = svc.affinity_timeout_seconds.unwrap_or(0);
+        let has_endpoints = cat.has_any_endpoints;
+        let nodeport_addrs: Vec<IpAddr> = match self.inputs.opts.as_ref().map(|o| &o.nodeport_addresses) {
+            Some(NodePortAddresses::Ips(ips)) => ips.clone(),
+            _ => node.ips.clone(),
+        }
+        .into_iter()
+        .filter(|ip| IpFamily::of(ip) == self.ip_family)
+        .collect();
+        let mut out = Contribution::default();
+        let push = |out: &mut Contribution, set: SetId, key: Vec<KeyValue>, data: Vec<KeyValue>| {
+            out.elements.push((
+                set,
+                Element::new(key).with_data(data).with_comment(comment.clone()),
+            ));
+        };
+        // Traffic from `entry` at `key` goes to `eps`.
+        let route = |out: &mut Contribution, entry: Entry, key: &[KeyValue], eps: &[Endpoint]| {
+            if eps.is_empty() {
+                return;
+            }
+            let with = |more: &[KeyValue]| {
+                let mut k = key.to_vec();
+                k.extend_from_slice(more);
+                k
+            };
+            let n = eps.len() as u32;
+            push(
+                out,
+                SetId::Classes(entry),
+                with(&[KeyValue::Mark(n), KeyValue::Mark(timeout)]),
+                vec![],
+            );
+            for (i, ep) in eps.iter().enumerate() {
+                push(
+                    out,
+                    SetId::Endpoints(entry),
+                    with(&[KeyValue::Mark(i as u32)]),
+                    vec![KeyValue::Addr(ep.ip), KeyValue::Port(ep.port)],
+                );
+            }
+            if !out.classes.contains(&(n, timeout)) {
+                out.classes.push((n, timeout));
+            }
+            if timeout > 0 {
+                // Affinity is recorded and followed by the address the client
+                // connected to: a NodePort on each NodePort address.
+                let entry_keys: Vec<Vec<KeyValue>> = match entry.kind() {
+                    EntryKind::Ips => vec![key.to_vec()],
+                    EntryKind::Nodeports => nodeport_addrs
+                        .iter()
+                        .map(|a| {
+                            let mut k = vec![KeyValue::Addr(*a)];
+                            k.extend_from_slice(key);
+                            k
+                        })
+                        .collect(),
+                };
+                let targets: BTreeSet<(IpAddr, u16)> = eps.iter().map(|e| (e.ip, e.port)).collect();
+                for k in entry_keys {
+                    match out.affinity.iter_mut().find(|(k2, _)| *k2 == k) {
+                        Some((_, t)) => t.extend(targets.iter().copied()),
+                        None => {
+                            let mut timeout_key = k.clone();
+                            timeout_key.push(KeyValue::Mark(timeout));
+                            push(out, SetId::AffinityTimeouts, timeout_key, vec![]);
+                            out.affinity.push((k, targets.clone()));
+                        }
+                    }
+                }
+            }
+        };
+        // Where traffic goes that has no usable endpoint: reject when there is
+        // none at all, drop when there are endpoints but none this traffic may use.
+        let no_endpoint = |kind| {
+            if has_endpoints {
+                SetId::NoEndpointDrop(kind)
+            } else {
+                SetId::NoEndpointReject(kind)
+            }
+        };
+
+        let internal: &[Endpoint] = if svc.internal_policy == TrafficPolicy::Local {
+            &local
+        } else {
+            &cluster
+        };
+        if let Some(cip) = svc.cluster_ip {
+            out.elements.push((
+                SetId::ClusterIps,
+                Element::new(vec![KeyValue::Addr(cip)]).with_comment(service_comment(&svc.name)),
+            ));
+            let key = vec![KeyValue::Addr(cip), KeyValue::Proto(proto), KeyValue::Port(svc.port)];
+            if has_endpoints && !internal.is_empty() {
+                route(&mut out, Entry::Main(EntryKind::Ips), &key, internal);
+            } else {
+                push(&mut out, no_endpoint(EntryKind::Ips), key, vec![]);
+            }
+        }
+
+        // External entry points: externalIPs, LB IPs, the NodePort.
+        let external_local = svc.external_policy_local();
+        let has_external = has_endpoints && (!external_local || !local.is_empty());
+        let externals = svc
+            .external_ips
+            .iter()
+            .chain(&svc.load_balancer_ips)
+            .map(|a| {
+                (
+                    EntryKind::Ips,
+                    vec![KeyValue::Addr(*a), KeyValue::Proto(proto), KeyValue::Port(svc.port)],
+                )
+            })
+            .chain(
+                svc.node_port
+                    .map(|np| (EntryKind::Nodeports, vec![KeyValue::Proto(proto), KeyValue::Port(np)])),
+            );
+        for (kind, key) in externals {
+            if has_endpoints {
+                // eTP Cluster: everyone; eTP Local: pods and the node itself.
+                route(&mut out, Entry::Main(kind), &key, &cluster);
+                if external_local {
+                    push(&mut out, SetId::ExternalLocal(kind), key.clone(), vec![]);
+                    route(&mut out, Entry::Local(kind), &key, &local);
+                } else {
+                    push(&mut out, SetId::ExternalCluster(kind), key.clone(), vec![]);
+                }
+            }
+            if !has_external {
+                push(&mut out, no_endpoint(kind), key, vec![]);
+            }
+        }
+
+        // loadBalancerSourceRanges.
+        if !svc.load_balancer_source_ranges.is_empty() && !svc.load_balancer_ips.is_empty() {
+            // A node that connects to its own LB IP may be SNATed by the cloud LB
+            // to that IP: allow the LB IPs as sources when a node IP is inside.
+            let node_allowed = node.ips.iter().any(|ip| {
+                svc.load_balancer_source_ranges
+                    .iter()
+                    .any(|r| r.contains(ip))
+            });
+            let full = (self.family.addr_len() * 8) as u8;
+            for lb in &svc.load_balancer_ips {
+                let key = vec![KeyValue::Addr(*lb), KeyValue::Proto(proto), KeyValue::Port(svc.port)];
+                push(&mut out, SetId::FirewallIps, key.clone(), vec![]);
+                let allowed = svc
+                    .load_balancer_source_ranges
+                    .iter()
+                    .map(|r| (r.prefix_len(), r.network()))
+                    .chain(node_allowed.then_some((full, *lb)));
+                for (prefix, network) in allowed {
+                    let mut k = key.clone();
+                    k.push(KeyValue::Addr(network));
+                    push(&mut out, SetId::FirewallAllow(prefix), k, vec![]);
+                    if !out.prefixes.contains(&prefix) {
+                        out.prefixes.push(prefix);
+                    }
+                }
+            }
+        }
+
+        let mut hairpin = BTreeSet::new();
+        for ep in cluster.iter().chain(&local) {
+            if hairpin.insert(ep.ip) {
+                out.elements.push((
+                    SetId::Hairpin,
+                    Element::new(vec![KeyValue::Addr(ep.ip), KeyValue::Addr(ep.ip)]),
+                ));
+            }
+        }
+        out
+    }
+}
+
+/// What two service ports compete for in a set: an entry point's class is one
+/// claim whatever its count and timeout (the first claimer in name order decides
+/// where the entry point's traffic goes); every other element is its own key.
+fn claim_key(set: SetId, key: &[KeyValue]) -> Vec<KeyValue> {
+    let keep = match set {
+        SetId::Classes(_) => key.len().saturating_sub(2),
+        SetId::AffinityTimeouts => key.len().saturating_sub(1),
+        _ => key.len(),
+    };
+    key[..keep].to_vec()
+}
+
+fn decrement<K: Ord>(counts: &mut BTreeMap<K, usize>, key: &K) {
+    if let Some(n) = counts.get_mut(key) {
+        *n -= 1;
+        if *n == 0 {
+            counts.remove(key);
+        }
+    }
+}
+
+/// Endpoints by address and port, each once, in a stable order.
+fn dedup_endpoints(endpoints: &[Endpoint]) -> Vec<Endpoint> {
+    let mut out = endpoints.to_vec();
+    out.sort();
+    out.dedup_by(|a, b| a.ip == b.ip && a.port == b.port);
+    out
+}
+
+/// `ns/name:port` (upstream's `ServicePortName.String()`, without the protocol).
+fn port_comment(name: &ServicePortName) -> String {
+    if name.port_name.is_empty() {
+        service_comment(name)
+    } else {
+        format!("{}/{}:{}", name.namespace, name.name, name.port_name)
+    }
+}
+
+fn service_comment(name: &ServicePortName) -> String {
+    format!("{}/{}", name.namespace, name.name)
+}
+
+/// The chain and set changes between two skeletons (sets only differ by the
+/// source-range prefix sets; chains by their rules).
+fn skeleton_delta(old: &TableSpec, new: &TableSpec, delta: &mut TableDelta) {
+    for (name, spec) in &new.sets {
+        match old.sets.get(name) {
+            None => delta.add_sets.push(spec.set.clone()),
+            Some(o) => {
+                let gone: Vec<Element> = o.elements.difference(&spec.elements).cloned().collect();
+                if !gone.is_empty() {
+                    delta.delete_elements.entry(name.clone()).or_default().extend(gone);
+                }
+                let new_elements: Vec<Element> =
+                    spec.elements.difference(&o.elements).cloned().collect();
+                if !new_elements.is_empty() {
+                    delta
+                        .add_elements
+                        .entry(name.clone())
+                        .or_default()
+                        .extend(new_elements);
+                }
+            }
+        }
+        if !old.sets.contains_key(name) && !spec.elements.is_empty() {
+            delta
+                .add_elements
+                .entry(name.clone())
+                .or_default()
+                .extend(spec.elements.iter().cloned());
+        }
+    }
+    for name in old.sets.keys() {
+        if !new.sets.contains_key(name) {
+            delta.delete_sets.push(name.clone());
+        }
+    }
+    for (name, spec) in &new.chains {
+        match old.chains.get(name) {
+            None => delta.new_chains.push(spec.chain.clone()),
+            Some(o) if o == spec => continue,
+            Some(_) => {}
+        }
+        delta.chains.push(spec.clone());
+    }
+}
+
+/// Register `NFT_REG32_00 + n`.
+fn r(n: u32) -> Reg {
+    Reg::r32(n)
+}
+
+/// The chains (and node-level elements) of a family's table. Constant but for
+/// one dispatch rule per class in use, one firewall rule per prefix length in use
+/// and one drop rule per ServiceCIDR.
 fn skeleton(
     family: Family,
-    state: &ClusterState,
-    opts: &NftablesOptions,
     ip_family: IpFamily,
+    inputs: &NodeInputs,
+    classes: &BTreeSet<Class>,
+    prefixes: &BTreeSet<u8>,
 ) -> TableSpec {
     use ChainType::{Filter, Nat};
+    let opts = inputs.opts.as_ref().expect("skeleton after the options are known");
     let mut t = TableSpec::new(family);
-    let addr = KeyType::addr(family);
-    let plain = SetFlags::default();
-
-    t.set(CLUSTER_IPS, vec![addr], false, plain);
-    t.set(NODEPORT_IPS, vec![addr], false, plain);
-    let addr_proto_port = vec![addr, KeyType::InetProto, KeyType::InetService];
-    let proto_port = vec![KeyType::InetProto, KeyType::InetService];
-    t.set(SERVICE_IPS, addr_proto_port.clone(), true, plain);
-    t.set(SERVICE_NODEPORTS, proto_port.clone(), true, plain);
-    t.set(NO_ENDPOINT_SERVICES, addr_proto_port.clone(), true, plain);
-    t.set(NO_ENDPOINT_NODEPORTS, proto_port, true, plain);
-    t.set(FIREWALL_IPS, addr_proto_port, true, plain);
-    t.set(
-        AFFINITY,
-        vec![addr, addr, KeyType::InetService, KeyType::Mark],
-        false,
-        SetFlags {
-            timeout: true,
-            dynamic: true,
-        },
-    );
+    for set in SetId::fixed() {
+        let def = set.definition(family);
+        t.sets.insert(
+            def.name.clone(),
+            SetSpec {
+                set: def,
+                elements: BTreeSet::new(),
+            },
+        );
+    }
+    for p in prefixes {
+        let def = SetId::FirewallAllow(*p).definition(family);
+        t.sets.insert(
+            def.name.clone(),
+            SetSpec {
+                set: def,
+                elements: BTreeSet::new(),
+            },
+        );
+    }
 
     // Hooks, with upstream's priorities (filter at dstnat-10 / dstnat+10).
     t.base_chain("filter-prerouting", Filter, Hook::Prerouting, -110);
@@ -291,531 +1144,297 @@ fn skeleton(
     t.base_chain("nat-prerouting", Nat, Hook::Prerouting, -100);
     t.base_chain("nat-output", Nat, Hook::Output, -100);
     t.base_chain("nat-postrouting", Nat, Hook::Postrouting, 100);
-
-    let new = || RuleBuilder::new(family).ct_state_new();
-    let jump = |c: &str| Verdict::Jump(c.to_string());
-    t.rule(
-        "filter-prerouting",
-        new().verdict(jump(FIREWALL_CHECK)),
-        None,
-    );
-    t.rule(
-        "filter-input",
-        new().verdict(jump(NODEPORT_ENDPOINTS_CHECK)),
-        None,
-    );
-    t.rule(
-        "filter-input",
-        new().verdict(jump(SERVICE_ENDPOINTS_CHECK)),
-        None,
-    );
-    t.rule(
-        "filter-forward",
-        new().verdict(jump(SERVICE_ENDPOINTS_CHECK)),
-        None,
-    );
-    t.rule(
-        "filter-forward",
-        new().verdict(jump(CLUSTER_IPS_CHECK)),
-        None,
-    );
-    t.rule(
-        "filter-output",
-        new().verdict(jump(SERVICE_ENDPOINTS_CHECK)),
-        None,
-    );
-    t.rule("filter-output", new().verdict(jump(FIREWALL_CHECK)), None);
-    t.rule(
-        "filter-output-post-dnat",
-        new().verdict(jump(CLUSTER_IPS_CHECK)),
-        None,
-    );
-    t.rule(
-        "nat-prerouting",
-        RuleBuilder::new(family).verdict(jump(SERVICES)),
-        None,
-    );
-    t.rule(
-        "nat-output",
-        RuleBuilder::new(family).verdict(jump(SERVICES)),
-        None,
-    );
-    t.rule(
-        "nat-postrouting",
-        RuleBuilder::new(family).verdict(jump(MASQUERADING)),
-        None,
-    );
+    for chain in [
+        MARK_FOR_MASQUERADE,
+        MASQUERADING,
+        SERVICES,
+        FIREWALL_CHECK,
+        CLUSTER_IPS_CHECK,
+        SERVICE_ENDPOINTS_CHECK,
+        NODEPORT_ENDPOINTS_CHECK,
+        DISPATCH_IPS,
+        DISPATCH_NODEPORTS,
+        DISPATCH_IPS_LOCAL,
+        DISPATCH_NODEPORTS_LOCAL,
+    ] {
+        t.chain(chain);
+    }
 
     let b = || RuleBuilder::new(family);
-    t.rule(
-        MARK_FOR_MASQUERADE,
-        b().mark_set_or(opts.masquerade_mark),
-        None,
-    );
+    let new = || b().ct_state_new();
+    let jump = |c: &str| Verdict::Jump(c.to_string());
+    let goto = |c: &str| Verdict::Goto(c.to_string());
+    for (chain, target) in [
+        ("filter-prerouting", FIREWALL_CHECK),
+        ("filter-input", NODEPORT_ENDPOINTS_CHECK),
+        ("filter-input", SERVICE_ENDPOINTS_CHECK),
+        ("filter-forward", SERVICE_ENDPOINTS_CHECK),
+        ("filter-forward", CLUSTER_IPS_CHECK),
+        ("filter-output", SERVICE_ENDPOINTS_CHECK),
+        ("filter-output", FIREWALL_CHECK),
+        ("filter-output-post-dnat", CLUSTER_IPS_CHECK),
+    ] {
+        t.rule(chain, new().verdict(jump(target)), None);
+    }
+    t.rule("nat-prerouting", b().verdict(jump(SERVICES)), None);
+    t.rule("nat-output", b().verdict(jump(SERVICES)), None);
+    t.rule("nat-postrouting", b().verdict(jump(MASQUERADING)), None);
+
+    let mark = opts.masquerade_mark;
+    t.rule(MARK_FOR_MASQUERADE, b().mark_set_or(mark), None);
+    let daddr = [KeyField::Daddr];
+    affinity_record_rules(&mut t, classes);
     t.rule(
         MASQUERADING,
-        b().mark_bits_clear(opts.masquerade_mark)
-            .verdict(Verdict::Return),
-        None,
+        b().ct_status_dnat()
+            .in_set(&[KeyField::Saddr, KeyField::Daddr], &SetId::Hairpin.name(), false)
+            .verdict(jump(MARK_FOR_MASQUERADE)),
+        Some("hairpin: a pod reaching itself through a service"),
     );
-    t.rule(MASQUERADING, b().mark_set_xor(opts.masquerade_mark), None);
+    t.rule(MASQUERADING, b().mark_bits_clear(mark).verdict(Verdict::Return), None);
+    t.rule(MASQUERADING, b().mark_set_xor(mark), None);
     t.rule(MASQUERADING, b().masquerade_fully_random(), None);
-    t.rule(REJECT_CHAIN, b().reject(), None);
 
-    let addr_proto_port_fields = [KeyField::Daddr, KeyField::L4Proto, KeyField::Dport];
-    let proto_port_fields = [KeyField::L4Proto, KeyField::Dport];
-    t.rule(
-        FIREWALL_CHECK,
-        b().vmap(&addr_proto_port_fields, FIREWALL_IPS),
-        Some("Filter traffic by loadBalancerSourceRanges"),
-    );
-    t.rule(
-        SERVICE_ENDPOINTS_CHECK,
-        b().vmap(&addr_proto_port_fields, NO_ENDPOINT_SERVICES),
-        Some("Reject or drop traffic to services without usable endpoints"),
-    );
-    t.rule(
-        SERVICES,
-        b().vmap(&addr_proto_port_fields, SERVICE_IPS),
-        Some("Service IPs"),
-    );
+    let k3 = [KeyField::Daddr, KeyField::L4Proto, KeyField::Dport];
+    let k2 = [KeyField::L4Proto, KeyField::Dport];
     let loopback: IpNet = match family {
         Family::Ipv4 => "127.0.0.0/8".parse().expect("valid"),
         Family::Ipv6 => "::1/128".parse().expect("valid"),
     };
-    let to_nodeport_addr = || match opts.nodeport_addresses {
-        NodePortAddresses::All => RuleBuilder::new(family)
-            .fib_daddr_local()
-            .daddr_not_in(&loopback),
-        NodePortAddresses::Ips(_) => {
-            RuleBuilder::new(family).in_set(&[KeyField::Daddr], NODEPORT_IPS, false)
-        }
+    // Traffic to an address NodePorts listen on.
+    let nodeport_ips = SetId::NodeportIps.name();
+    let to_nodeport_from = |rule: RuleBuilder| match opts.nodeport_addresses {
+        NodePortAddresses::All => rule.fib_daddr_local().daddr_not_in(&loopback),
+        NodePortAddresses::Ips(_) => rule.in_set(&daddr, &nodeport_ips, false),
     };
+    let to_nodeport = || to_nodeport_from(b());
+    if let NodePortAddresses::Ips(ips) = &opts.nodeport_addresses {
+        for ip in ips.iter().filter(|ip| IpFamily::of(ip) == ip_family) {
+            t.element(&SetId::NodeportIps.name(), vec![KeyValue::Addr(*ip)], None);
+        }
+    }
+
+    // Filter: source ranges, no endpoints, unknown ports, unallocated IPs.
+    let mut not_firewalled = b().in_set(&k3, &SetId::FirewallIps.name(), true);
+    not_firewalled = not_firewalled.verdict(Verdict::Return);
+    t.rule(FIREWALL_CHECK, not_firewalled, Some("not filtered by loadBalancerSourceRanges"));
+    for p in prefixes {
+        let fields = [KeyField::Daddr, KeyField::L4Proto, KeyField::Dport, KeyField::SaddrMasked(*p)];
+        t.rule(
+            FIREWALL_CHECK,
+            b().in_set(&fields, &SetId::FirewallAllow(*p).name(), false)
+                .verdict(Verdict::Return),
+            Some("allowed by loadBalancerSourceRanges"),
+        );
+    }
     t.rule(
-        SERVICES,
-        to_nodeport_addr().vmap(&proto_port_fields, SERVICE_NODEPORTS),
-        Some("NodePorts"),
+        FIREWALL_CHECK,
+        b().verdict(Verdict::Drop),
+        Some("source not in loadBalancerSourceRanges"),
+    );
+    t.rule(
+        SERVICE_ENDPOINTS_CHECK,
+        b().in_set(&k3, &SetId::NoEndpointReject(EntryKind::Ips).name(), false).reject(),
+        Some("reject traffic to services without endpoints"),
+    );
+    t.rule(
+        SERVICE_ENDPOINTS_CHECK,
+        b().in_set(&k3, &SetId::NoEndpointDrop(EntryKind::Ips).name(), false)
+            .verdict(Verdict::Drop),
+        Some("drop traffic whose traffic policy finds no endpoint"),
     );
     t.rule(
         NODEPORT_ENDPOINTS_CHECK,
-        to_nodeport_addr().vmap(&proto_port_fields, NO_ENDPOINT_NODEPORTS),
-        Some("Reject or drop NodePorts without usable endpoints"),
+        to_nodeport()
+            .in_set(&k2, &SetId::NoEndpointReject(EntryKind::Nodeports).name(), false)
+            .reject(),
+        Some("reject NodePorts without endpoints"),
+    );
+    t.rule(
+        NODEPORT_ENDPOINTS_CHECK,
+        to_nodeport()
+            .in_set(&k2, &SetId::NoEndpointDrop(EntryKind::Nodeports).name(), false)
+            .verdict(Verdict::Drop),
+        Some("drop NodePort traffic whose traffic policy finds no endpoint"),
     );
     t.rule(
         CLUSTER_IPS_CHECK,
-        b().in_set(&[KeyField::Daddr], CLUSTER_IPS, false).reject(),
-        Some("Reject traffic to invalid ports of ClusterIPs"),
+        b().in_set(&daddr, &SetId::ClusterIps.name(), false).reject(),
+        Some("reject traffic to invalid ports of ClusterIPs"),
     );
-    for cidr in state
-        .service_cidrs
-        .iter()
-        .filter(|c| net_family(c) == ip_family)
-    {
+    for cidr in &inputs.service_cidrs {
         t.rule(
             CLUSTER_IPS_CHECK,
             b().daddr_in(cidr).verdict(Verdict::Drop),
-            Some("Drop traffic to unallocated ClusterIPs"),
+            Some("drop traffic to unallocated ClusterIPs"),
         );
     }
-    if let NodePortAddresses::Ips(ips) = &opts.nodeport_addresses {
-        for ip in ips.iter().filter(|ip| IpFamily::of(ip) == ip_family) {
-            t.element(NODEPORT_IPS, vec![KeyValue::Addr(*ip)], None);
-        }
+
+    // NAT: masquerade decisions first (they only mark), then DNAT.
+    let masq = || Verdict::Jump(MARK_FOR_MASQUERADE.to_string());
+    let cluster_ips = SetId::ClusterIps.name();
+    let from_outside_cluster = if opts.masquerade_all {
+        Some(b())
+    } else {
+        local_source_into(b(), family, &opts.local_detector, &inputs.node, true)
+    };
+    if let Some(rule) = from_outside_cluster {
+        t.rule(
+            SERVICES,
+            rule.in_set(&daddr, &cluster_ips, false).verdict(masq()),
+            Some("masquerade traffic to ClusterIPs from outside the cluster"),
+        );
+    }
+    t.rule(
+        SERVICES,
+        b().in_set(&k3, &SetId::ExternalCluster(EntryKind::Ips).name(), false)
+            .verdict(masq()),
+        Some("masquerade external traffic (externalTrafficPolicy Cluster)"),
+    );
+    t.rule(
+        SERVICES,
+        to_nodeport()
+            .in_set(&k2, &SetId::ExternalCluster(EntryKind::Nodeports).name(), false)
+            .verdict(masq()),
+        Some("masquerade NodePort traffic (externalTrafficPolicy Cluster)"),
+    );
+    t.rule(
+        SERVICES,
+        b().fib_saddr_local()
+            .in_set(&k3, &SetId::ExternalLocal(EntryKind::Ips).name(), false)
+            .verdict(masq()),
+        Some("masquerade the node's own traffic to externalTrafficPolicy Local"),
+    );
+    t.rule(
+        SERVICES,
+        to_nodeport_from(b().fib_saddr_local())
+            .in_set(&k2, &SetId::ExternalLocal(EntryKind::Nodeports).name(), false)
+            .verdict(masq()),
+        Some("masquerade the node's own NodePort traffic to externalTrafficPolicy Local"),
+    );
+    // From outside the cluster: neither the node itself nor a local pod.
+    let outside = || {
+        let rule = b().fib_saddr_not_local();
+        local_source_into(rule.clone(), family, &opts.local_detector, &inputs.node, true)
+            .unwrap_or(rule)
+    };
+    t.rule(
+        SERVICES,
+        outside()
+            .in_set(&k3, &SetId::ExternalLocal(EntryKind::Ips).name(), false)
+            .verdict(goto(DISPATCH_IPS_LOCAL)),
+        Some("external traffic to externalTrafficPolicy Local: local endpoints"),
+    );
+    t.rule(
+        SERVICES,
+        to_nodeport_from(outside())
+            .in_set(&k2, &SetId::ExternalLocal(EntryKind::Nodeports).name(), false)
+            .verdict(goto(DISPATCH_NODEPORTS_LOCAL)),
+        Some("external NodePort traffic to externalTrafficPolicy Local: local endpoints"),
+    );
+    t.rule(SERVICES, b().verdict(jump(DISPATCH_IPS)), Some("service IPs"));
+    t.rule(SERVICES, to_nodeport().verdict(jump(DISPATCH_NODEPORTS)), Some("NodePorts"));
+
+    for (chain, entry) in [
+        (DISPATCH_IPS, Entry::Main(EntryKind::Ips)),
+        (DISPATCH_NODEPORTS, Entry::Main(EntryKind::Nodeports)),
+        (DISPATCH_IPS_LOCAL, Entry::Local(EntryKind::Ips)),
+        (DISPATCH_NODEPORTS_LOCAL, Entry::Local(EntryKind::Nodeports)),
+    ] {
+        dispatch_rules(&mut t, chain, entry, classes);
     }
     t
 }
 
-pub(crate) fn net_family(net: &IpNet) -> IpFamily {
-    match net {
-        IpNet::V4(_) => IpFamily::V4,
-        IpNet::V6(_) => IpFamily::V6,
-    }
-}
-
-/// The chain-name suffix upstream uses: `ns/name/proto/portname`, prefixed by a
-/// short hash so different ports never share a chain even after truncation.
-fn service_chain_id(name: &ServicePortName) -> String {
-    let id = format!(
-        "{}/{}/{}/{}",
-        name.namespace,
-        name.name,
-        name.protocol.name(),
-        name.port_name
-    );
-    format!("{}-{}", short_hash(&id), id)
-}
-
-fn endpoint_chain_name(svc: &ServicePortName, ep: &Endpoint) -> String {
-    let ep_id = match ep.ip {
-        IpAddr::V4(a) => format!("{a}/{}", ep.port),
-        IpAddr::V6(a) => format!("[{a}]/{}", ep.port),
-    };
-    let full = format!("{}__{}", service_chain_id(svc), ep_id);
-    truncate(format!("endpoint-{}-{}", short_hash(&full), &full[9..]))
-}
-
-fn truncate(mut name: String) -> String {
-    // NFT_NAME_MAXLEN is 256 including the NUL; keep a margin and a char boundary.
-    if name.len() > 200 {
-        let mut cut = 200;
-        while !name.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        name.truncate(cut);
-    }
-    name
-}
-
-/// 8 characters of base32 over an FNV-1a hash, stable across runs and versions.
-fn short_hash(s: &str) -> String {
-    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
-    let h = fnv1a(s.as_bytes());
-    (0..8)
-        .map(|i| ALPHABET[((h >> (i * 5)) & 31) as usize] as char)
-        .collect()
-}
-
-fn fnv1a(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in bytes {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h
-}
-
-/// A service port's id inside the shared affinity set.
-fn affinity_id(name: &ServicePortName) -> u32 {
-    let h = fnv1a(name.to_string().as_bytes());
-    (h ^ (h >> 32)) as u32
-}
-
-/// Rules and elements of one service port.
-fn service_port(
-    t: &mut TableSpec,
-    svc: &ServicePort,
-    endpoints: &[Endpoint],
-    state: &ClusterState,
-    opts: &NftablesOptions,
-) {
+/// The DNAT rules of one entry: per affinity timeout in use, the rule that
+/// follows a client's affinity entry; per class, the rule that picks an endpoint
+/// at random. Every lookup key is assembled from registers that each hold one
+/// whole field (a payload, a constant, a `numgen`), so `nft list` can print the
+/// rules.
+fn dispatch_rules(t: &mut TableSpec, chain: &str, entry: Entry, classes: &BTreeSet<Class>) {
     let family = t.family;
-    let cat = categorize_endpoints(endpoints, svc, &state.node);
-    let id = service_chain_id(&svc.name);
-    let cluster_chain = truncate(format!("service-{id}"));
-    let local_chain = truncate(format!("local-{id}"));
-    let external_chain = truncate(format!("external-{id}"));
-    let firewall_chain = truncate(format!("firewall-{id}"));
-    let proto = svc.name.protocol.number();
-
-    let has_endpoints = cat.has_any_endpoints;
-    let uses_cluster_chain = !cat.cluster.is_empty() && svc.uses_cluster_endpoints();
-    let uses_local_chain = !cat.local.is_empty() && svc.uses_local_endpoints();
-
-    let (internal_chain, has_internal) =
-        if svc.internal_policy == crate::model::TrafficPolicy::Local {
-            (&local_chain, has_endpoints && !cat.local.is_empty())
-        } else {
-            (&cluster_chain, has_endpoints)
-        };
-    let (external_policy_chain, has_external) = if svc.external_policy_local() {
-        (&local_chain, has_endpoints && !cat.local.is_empty())
-    } else {
-        (&cluster_chain, has_endpoints)
+    let a = family.addr_len() / 4;
+    let kind = entry.kind();
+    let fields = kind.fields();
+    // `daddr . l4proto . dport` or `l4proto . dport`, one register per field.
+    let key_regs: u32 = match kind {
+        EntryKind::Ips => a + 2,
+        EntryKind::Nodeports => 2,
     };
-    // Where traffic goes that has no usable endpoint: reject when there is none at
-    // all, drop when there are endpoints but none this traffic may use.
-    let no_endpoint_verdict = |has_any: bool| {
-        if has_any {
-            Verdict::Drop
-        } else {
-            Verdict::Goto(REJECT_CHAIN.to_string())
-        }
+    let with = |more: &[KeyField]| {
+        let mut f = fields.to_vec();
+        f.extend_from_slice(more);
+        f
     };
-    let port = svc.port;
-
-    // ClusterIP.
-    if let Some(cip) = svc.cluster_ip {
-        t.element(CLUSTER_IPS, vec![KeyValue::Addr(cip)], None);
-        let key = vec![
-            KeyValue::Addr(cip),
-            KeyValue::Proto(proto),
-            KeyValue::Port(port),
-        ];
-        if has_internal {
-            t.element(
-                SERVICE_IPS,
-                key,
-                Some(Verdict::Goto(internal_chain.clone())),
-            );
-        } else {
-            t.element(
-                NO_ENDPOINT_SERVICES,
-                key,
-                Some(no_endpoint_verdict(has_endpoints)),
-            );
-        }
-    }
-
-    // External addresses: externalIPs and LB ingress IPs.
-    let external_addrs: Vec<IpAddr> = svc
-        .external_ips
-        .iter()
-        .chain(&svc.load_balancer_ips)
-        .copied()
-        .collect();
-    // Entry points for external traffic: into the external chain whenever the
-    // service has endpoints (pods and the node may still short-circuit), plus a
-    // filter verdict when external traffic itself has nowhere to go: reject without
-    // endpoints, drop when eTP Local finds none on this node.
-    let uses_external_chain =
-        has_endpoints && (!external_addrs.is_empty() || svc.node_port.is_some());
-    for addr in &external_addrs {
-        let key = vec![
-            KeyValue::Addr(*addr),
-            KeyValue::Proto(proto),
-            KeyValue::Port(port),
-        ];
-        if has_endpoints {
-            t.element(
-                SERVICE_IPS,
-                key.clone(),
-                Some(Verdict::Goto(external_chain.clone())),
-            );
-        }
-        if !has_external {
-            t.element(
-                NO_ENDPOINT_SERVICES,
-                key,
-                Some(no_endpoint_verdict(has_endpoints)),
-            );
-        }
-    }
-    if let Some(node_port) = svc.node_port {
-        let key = vec![KeyValue::Proto(proto), KeyValue::Port(node_port)];
-        if has_endpoints {
-            t.element(
-                SERVICE_NODEPORTS,
-                key.clone(),
-                Some(Verdict::Goto(external_chain.clone())),
-            );
-        }
-        if !has_external {
-            t.element(
-                NO_ENDPOINT_NODEPORTS,
-                key,
-                Some(no_endpoint_verdict(has_endpoints)),
-            );
-        }
-    }
-
-    // Source ranges for LB IPs: a firewall chain of plain rules.
-    if !svc.load_balancer_source_ranges.is_empty() && !svc.load_balancer_ips.is_empty() {
-        for lb in &svc.load_balancer_ips {
-            t.element(
-                FIREWALL_IPS,
-                vec![
-                    KeyValue::Addr(*lb),
-                    KeyValue::Proto(proto),
-                    KeyValue::Port(port),
-                ],
-                Some(Verdict::Goto(firewall_chain.clone())),
-            );
-        }
-        for range in &svc.load_balancer_source_ranges {
-            t.rule(
-                &firewall_chain,
-                RuleBuilder::new(family)
-                    .saddr_in(range)
-                    .verdict(Verdict::Return),
-                Some("allowed by loadBalancerSourceRanges"),
-            );
-        }
-        // A node that connects to its own LB IP may be SNATed by the cloud LB to that
-        // IP: allow the LB IPs as sources when a node IP is inside the ranges.
-        let node_allowed = state.node.ips.iter().any(|ip| {
-            svc.load_balancer_source_ranges
-                .iter()
-                .any(|r| r.contains(ip))
-        });
-        if node_allowed {
-            for lb in &svc.load_balancer_ips {
-                t.rule(
-                    &firewall_chain,
-                    RuleBuilder::new(family)
-                        .saddr_eq(*lb)
-                        .verdict(Verdict::Return),
-                    Some("node traffic SNATed to the LB IP"),
-                );
-            }
-        }
+    let timeouts: BTreeSet<u32> = classes.iter().map(|(_, t)| *t).filter(|t| *t > 0).collect();
+    let to = [KeyField::Daddr, KeyField::L4Proto, KeyField::Dport];
+    for secs in timeouts {
+        let mut with_timeout = to.to_vec();
+        with_timeout.push(KeyField::Mark(secs));
         t.rule(
-            &firewall_chain,
-            RuleBuilder::new(family).verdict(Verdict::Drop),
-            Some("source not in loadBalancerSourceRanges"),
-        );
-    }
-
-    // The external chain.
-    if uses_external_chain {
-        if !svc.external_policy_local() {
-            t.rule(
-                &external_chain,
-                RuleBuilder::new(family).verdict(Verdict::Jump(MARK_FOR_MASQUERADE.into())),
-                Some("masquerade traffic from outside the cluster"),
-            );
-        } else {
-            if uses_cluster_chain {
-                if let Some(b) = local_source(family, &opts.local_detector, &state.node, false) {
-                    t.rule(
-                        &external_chain,
-                        b.verdict(Verdict::Goto(cluster_chain.clone())),
-                        Some("short-circuit pod traffic"),
-                    );
-                }
-                t.rule(
-                    &external_chain,
-                    RuleBuilder::new(family)
-                        .fib_saddr_local()
-                        .verdict(Verdict::Jump(MARK_FOR_MASQUERADE.into())),
-                    Some("masquerade local traffic"),
-                );
-                t.rule(
-                    &external_chain,
-                    RuleBuilder::new(family)
-                        .fib_saddr_local()
-                        .verdict(Verdict::Goto(cluster_chain.clone())),
-                    Some("short-circuit local traffic"),
-                );
-            }
-        }
-        if has_external {
-            t.rule(
-                &external_chain,
-                RuleBuilder::new(family).verdict(Verdict::Goto(external_policy_chain.clone())),
-                None,
-            );
-        }
-    }
-
-    // Masquerade ClusterIP traffic from outside the cluster network.
-    let cluster_ip_masquerade = |t: &mut TableSpec, chain: &str| {
-        let Some(cip) = svc.cluster_ip else { return };
-        let base = RuleBuilder::new(family)
-            .daddr_eq(cip)
-            .l4proto(proto)
-            .dport(port);
-        let rule = if opts.masquerade_all {
-            Some(base)
-        } else {
-            local_source_into(base, family, &opts.local_detector, &state.node, true)
-        };
-        if let Some(rule) = rule {
-            t.rule(
-                chain,
-                rule.verdict(Verdict::Jump(MARK_FOR_MASQUERADE.into())),
-                Some("masquerade traffic to the ClusterIP from outside the cluster"),
-            );
-        }
-    };
-
-    let affinity = svc.affinity_timeout_seconds;
-    let aff_id = affinity_id(&svc.name);
-    if has_internal {
-        cluster_ip_masquerade(t, internal_chain);
-    }
-    if uses_cluster_chain {
-        dispatch(t, &cluster_chain, &svc.name, &cat.cluster, affinity, aff_id);
-    }
-    if uses_local_chain {
-        dispatch(t, &local_chain, &svc.name, &cat.local, affinity, aff_id);
-    }
-
-    // Endpoint chains.
-    let mut done = BTreeSet::new();
-    for ep in cat.cluster.iter().chain(&cat.local) {
-        if !done.insert((ep.ip, ep.port)) {
-            continue;
-        }
-        let chain = endpoint_chain_name(&svc.name, ep);
-        t.rule(
-            &chain,
+            chain,
             RuleBuilder::new(family)
-                .saddr_eq(ep.ip)
-                .verdict(Verdict::Jump(MARK_FOR_MASQUERADE.into())),
-            Some("hairpin"),
+                .in_set(&with_timeout, &SetId::AffinityTimeouts.name(), false)
+                .map_lookup(
+                    &[KeyField::Saddr, KeyField::Daddr, KeyField::L4Proto, KeyField::Dport],
+                    &SetId::Affinity.name(),
+                    r(0),
+                )
+                .dnat_regs(r(0), r(a)),
+            Some(&format!("session affinity ({secs}s)")),
         );
-        if let Some(timeout) = affinity {
-            t.rule(
-                &chain,
-                RuleBuilder::new(family).update_set(&affinity_key(ep, aff_id), AFFINITY, timeout),
-                Some("session affinity"),
-            );
-        }
-        t.rule(
-            &chain,
-            RuleBuilder::new(family).l4proto(proto).dnat(ep.ip, ep.port),
-            None,
-        );
+    }
+    for (n, secs) in classes {
+        let rule = RuleBuilder::new(family)
+            .in_set(
+                &with(&[KeyField::Mark(*n), KeyField::Mark(*secs)]),
+                &SetId::Classes(entry).name(),
+                false,
+            )
+            .load_at(fields, 0)
+            .numgen_into(r(key_regs), *n)
+            .lookup_reg(&SetId::Endpoints(entry).name(), r(0), Some(r(0)))
+            .dnat_regs(r(0), r(a));
+        let comment = if *secs > 0 {
+            format!("{n} endpoints, affinity {secs}s")
+        } else {
+            format!("{n} endpoints")
+        };
+        t.rule(chain, rule, Some(&comment));
     }
 }
 
-fn affinity_key(ep: &Endpoint, id: u32) -> [KeyField; 4] {
-    [
-        KeyField::Saddr,
-        KeyField::Addr(ep.ip),
-        KeyField::Port(ep.port),
-        KeyField::Mark(id),
-    ]
-}
-
-/// The rules that pick one endpoint: affinity lookups first, then
-/// `numgen random mod (N-i) == 0 goto endpoint-i`, the last one unconditional.
-fn dispatch(
-    t: &mut TableSpec,
-    chain: &str,
-    svc: &ServicePortName,
-    endpoints: &[Endpoint],
-    affinity: Option<u32>,
-    aff_id: u32,
-) {
+/// Per affinity timeout in use: records, after DNAT, which endpoint a client's
+/// new connection to an affinity entry point went to (or refreshes the entry).
+fn affinity_record_rules(t: &mut TableSpec, classes: &BTreeSet<Class>) {
     let family = t.family;
-    let mut endpoints = endpoints.to_vec();
-    endpoints.sort();
-    endpoints.dedup_by(|a, b| a.ip == b.ip && a.port == b.port);
-    if affinity.is_some() {
-        for ep in &endpoints {
-            t.rule(
-                chain,
-                RuleBuilder::new(family)
-                    .in_set(&affinity_key(ep, aff_id), AFFINITY, false)
-                    .verdict(Verdict::Goto(endpoint_chain_name(svc, ep))),
-                Some("session affinity"),
-            );
-        }
-    }
-    let n = endpoints.len();
-    for (i, ep) in endpoints.iter().enumerate() {
-        let goto = Verdict::Goto(endpoint_chain_name(svc, ep));
-        let rule = if i + 1 < n {
+    let timeouts: BTreeSet<u32> = classes.iter().map(|(_, t)| *t).filter(|t| *t > 0).collect();
+    let original = [KeyField::CtOriginalDaddr, KeyField::L4Proto, KeyField::CtOriginalDport];
+    let a = family.addr_len() / 4;
+    for secs in timeouts {
+        let mut with_timeout = original.to_vec();
+        with_timeout.push(KeyField::Mark(secs));
+        let mut key = vec![KeyField::Saddr];
+        key.extend_from_slice(&original);
+        // key from r0 (client . entry: 2A + 2 registers), data after it.
+        let data_at = 2 * a + 2;
+        t.rule(
+            MASQUERADING,
             RuleBuilder::new(family)
-                .numgen_zero((n - i) as u32)
-                .verdict(goto)
-        } else {
-            RuleBuilder::new(family).verdict(goto)
-        };
-        t.rule(chain, rule, None);
+                .ct_status_dnat()
+                .in_set(&with_timeout, &SetId::AffinityTimeouts.name(), false)
+                .load_at(&key, 0)
+                .load_at(&[KeyField::Daddr, KeyField::Dport], data_at)
+                .dynset_reg(
+                    DynsetOp::Update,
+                    &SetId::Affinity.name(),
+                    r(0),
+                    Some(r(data_at)),
+                    Some(secs),
+                ),
+            Some(&format!("record session affinity ({secs}s)")),
+        );
     }
-}
-
-/// A rule that matches traffic from local pods (`negate`: from anywhere else), or
-/// `None` when the detector has nothing for this family.
-fn local_source(
-    family: Family,
-    detector: &LocalDetector,
-    node: &crate::model::NodeInfo,
-    negate: bool,
-) -> Option<RuleBuilder> {
-    local_source_into(RuleBuilder::new(family), family, detector, node, negate)
 }
 
 pub(crate) fn local_source_into(

@@ -12,6 +12,9 @@ use kube_nlproxy_netlink::nft::{
 /// `ct state new` bit (`NF_CT_STATE_BIT(IP_CT_NEW)`).
 const CT_STATE_NEW: u32 = 1 << 3;
 
+/// `IPS_DST_NAT`, the conntrack status bit of a destination-NATed connection.
+const IPS_DST_NAT: u32 = 1 << 5;
+
 /// `RTN_LOCAL`, the address type of a local address.
 const RTN_LOCAL: u32 = 2;
 
@@ -46,6 +49,10 @@ pub enum KeyField {
     Port(u16),
     /// a constant 32-bit value (`mark`)
     Mark(u32),
+    /// `ct original ip daddr`: the destination before DNAT
+    CtOriginalDaddr,
+    /// `ct original proto-dst`: the destination port before DNAT
+    CtOriginalDport,
 }
 
 impl RuleBuilder {
@@ -277,7 +284,13 @@ impl RuleBuilder {
     /// Loads a concatenation into consecutive 32-bit registers starting at
     /// `NFT_REG32_00`; returns the first register.
     fn load_concat(&mut self, fields: &[KeyField]) -> Reg {
-        let mut next = 0u32;
+        self.load_concat_at(fields, 0)
+    }
+
+    /// Loads a concatenation into consecutive 32-bit registers starting at
+    /// `NFT_REG32_00 + start`; returns the first register.
+    fn load_concat_at(&mut self, fields: &[KeyField], start: u32) -> Reg {
+        let mut next = start;
         for field in fields {
             let reg = Reg::r32(next);
             let len = match *field {
@@ -337,6 +350,23 @@ impl RuleBuilder {
                     });
                     4
                 }
+                KeyField::CtOriginalDaddr => {
+                    self.exprs.push(Expr::Ct {
+                        key: match self.family {
+                            Family::Ipv4 => CtKey::OriginalDstIp,
+                            Family::Ipv6 => CtKey::OriginalDstIp6,
+                        },
+                        dreg: reg,
+                    });
+                    self.family.addr_len()
+                }
+                KeyField::CtOriginalDport => {
+                    self.exprs.push(Expr::Ct {
+                        key: CtKey::OriginalProtoDst,
+                        dreg: reg,
+                    });
+                    2
+                }
                 KeyField::Mark(value) => {
                     self.exprs.push(Expr::Immediate {
                         dreg: reg,
@@ -347,7 +377,133 @@ impl RuleBuilder {
             };
             next += len.div_ceil(4);
         }
-        Reg::r32(0)
+        Reg::r32(start)
+    }
+
+    /// Loads `fields` into the 32-bit registers from `NFT_REG32_00 + start` on, for
+    /// a later [`lookup_reg`](Self::lookup_reg) or [`dynset_reg`](Self::dynset_reg).
+    pub fn load_at(mut self, fields: &[KeyField], start: u32) -> Self {
+        self.load_concat_at(fields, start);
+        self
+    }
+
+    /// `FIELDS map @MAP` into the registers from `dreg` on (a data map lookup; the
+    /// rule stops when the key is not in the map).
+    pub fn map_lookup(mut self, fields: &[KeyField], map: &str, dreg: Reg) -> Self {
+        let sreg = self.load_concat(fields);
+        self.exprs.push(Expr::Lookup {
+            set: map.to_string(),
+            sreg,
+            dreg: Some(dreg),
+            invert: false,
+        });
+        self
+    }
+
+    /// A lookup of the key already in the registers from `sreg` on: membership
+    /// (`dreg` None) or map data into `dreg`.
+    pub fn lookup_reg(mut self, set: &str, sreg: Reg, dreg: Option<Reg>) -> Self {
+        self.exprs.push(Expr::Lookup {
+            set: set.to_string(),
+            sreg,
+            dreg,
+            invert: false,
+        });
+        self
+    }
+
+    /// `REG == VALUE` for a 32-bit value in host order (a map's `mark` data).
+    pub fn reg_eq(mut self, reg: Reg, value: u32) -> Self {
+        self.exprs.push(Expr::Cmp {
+            sreg: reg,
+            op: CmpOp::Eq,
+            data: value.to_ne_bytes().to_vec(),
+        });
+        self
+    }
+
+    /// A 32-bit constant (host order, a `mark` key field) into `dreg`.
+    pub fn value_into(mut self, dreg: Reg, value: u32) -> Self {
+        self.exprs.push(Expr::Immediate {
+            dreg,
+            data: ImmediateData::Value(value.to_ne_bytes().to_vec()),
+        });
+        self
+    }
+
+    /// `numgen random mod MODULUS` into `dreg`.
+    pub fn numgen_into(mut self, dreg: Reg, modulus: u32) -> Self {
+        self.exprs.push(Expr::NumgenRandom {
+            dreg,
+            modulus,
+            offset: 0,
+        });
+        self
+    }
+
+    /// `add|update|delete @SET { KEY : DATA timeout T }` with key and data already
+    /// in registers.
+    pub fn dynset_reg(
+        mut self,
+        op: DynsetOp,
+        set: &str,
+        sreg_key: Reg,
+        sreg_data: Option<Reg>,
+        timeout_secs: Option<u32>,
+    ) -> Self {
+        self.exprs.push(Expr::Dynset {
+            op,
+            set: set.to_string(),
+            sreg_key,
+            sreg_data,
+            timeout_ms: timeout_secs.map(|t| u64::from(t) * 1000),
+        });
+        self
+    }
+
+    /// `dnat to ADDR:PORT` with the address in `reg_addr` and the port in `reg_port`.
+    pub fn dnat_regs(mut self, reg_addr: Reg, reg_port: Reg) -> Self {
+        self.exprs.push(Expr::Dnat {
+            family: self.family,
+            reg_addr,
+            reg_port: Some(reg_port),
+        });
+        self
+    }
+
+    /// `ct status dnat`
+    pub fn ct_status_dnat(mut self) -> Self {
+        self.exprs.push(Expr::Ct {
+            key: CtKey::Status,
+            dreg: REG1,
+        });
+        self.exprs.push(Expr::Bitwise {
+            sreg: REG1,
+            dreg: REG1,
+            mask: IPS_DST_NAT.to_ne_bytes().to_vec(),
+            xor: vec![0; 4],
+        });
+        self.exprs.push(Expr::Cmp {
+            sreg: REG1,
+            op: CmpOp::Neq,
+            data: vec![0; 4],
+        });
+        self
+    }
+
+    /// `fib saddr type != local`
+    pub fn fib_saddr_not_local(mut self) -> Self {
+        self.exprs.push(Expr::Fib {
+            addr: FibAddr::Source,
+            result: FibResult::AddrType,
+            dreg: REG1,
+        });
+        self.exprs.push(Expr::Cmp {
+            sreg: REG1,
+            op: CmpOp::Neq,
+            data: RTN_LOCAL.to_ne_bytes().to_vec(),
+        });
+        self
     }
 
     /// `FIELDS vmap @MAP`
@@ -381,6 +537,7 @@ impl RuleBuilder {
             op: DynsetOp::Update,
             set: set.to_string(),
             sreg_key,
+            sreg_data: None,
             timeout_ms: Some(u64::from(timeout_secs) * 1000),
         });
         self

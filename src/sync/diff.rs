@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use kube_nlproxy_netlink::nft::{Chain, Element, Family, Op, Set, TableState, rule_fingerprint};
 
-use crate::mode::nftables::{ChainSpec, TABLE, TableSpec};
+use crate::mode::nftables::{ChainSpec, TABLE, TableDelta, TableSpec};
 
 /// A chain as far as the diff cares: its definition and its rules' fingerprints.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -378,5 +378,53 @@ fn create_all(desired: &TableSpec) -> Vec<Op> {
             true,
         );
     }
+    ops
+}
+
+/// The operations of a renderer's delta (`mode::nftables::TableDelta`), valid when
+/// the kernel holds the renderer's previous state. Same order as [`diff`]: new
+/// chains and sets, element deletions, rewritten chains, element additions, sets
+/// nobody refers to any more.
+pub fn delta_ops(delta: &TableDelta) -> Vec<Op> {
+    let Some(family) = delta.family else {
+        return Vec::new();
+    };
+    let table = TABLE.to_string();
+    let mut ops = Vec::new();
+    ops.extend(delta.new_chains.iter().map(|chain| Op::AddChain {
+        family,
+        table: table.clone(),
+        chain: chain.clone(),
+    }));
+    ops.extend(delta.add_sets.iter().map(|set| Op::AddSet {
+        family,
+        table: table.clone(),
+        set: set.clone(),
+    }));
+    for (set, elements) in &delta.delete_elements {
+        push_elements(&mut ops, family, set, elements.clone(), false);
+    }
+    for spec in &delta.chains {
+        if !delta.new_chains.contains(&spec.chain) {
+            ops.push(Op::FlushChain {
+                family,
+                table: table.clone(),
+                name: spec.chain.name.clone(),
+            });
+        }
+        ops.extend(spec.rules.iter().map(|rule| Op::AddRule {
+            family,
+            table: table.clone(),
+            rule: rule.clone(),
+        }));
+    }
+    for (set, elements) in &delta.add_elements {
+        push_elements(&mut ops, family, set, elements.clone(), true);
+    }
+    ops.extend(delta.delete_sets.iter().map(|name| Op::DeleteSet {
+        family,
+        table: table.clone(),
+        name: name.clone(),
+    }));
     ops
 }

@@ -15,8 +15,8 @@ use std::collections::BTreeMap;
 
 use kube_nlproxy_netlink::nft::{Family, NftSocket, Op};
 
-use crate::mode::nftables::{TABLE, TableSpec};
-pub use diff::{Current, TableSnapshot, diff, op_counts};
+use crate::mode::nftables::{TABLE, TableDelta, TableSpec};
+pub use diff::{Current, TableSnapshot, delta_ops, diff, op_counts};
 pub use fake::FakeKernel;
 
 /// Errors of a sync.
@@ -173,6 +173,43 @@ impl<D: Dataplane> Syncer<D> {
         for t in desired {
             self.committed.insert(t.family, Committed::Ours(t));
         }
+        Ok(SyncOutcome {
+            full,
+            ops: op_counts(&ops),
+        })
+    }
+
+    /// Brings the kernel to a renderer's desired state: sends `deltas` (what the
+    /// renderer's last update changed) when the kernel is known to hold the
+    /// renderer's previous state, otherwise reads the kernel back and diffs it
+    /// against `desired()` (start-up, after a failure, periodic resync). One
+    /// transaction either way; a failed one makes the next sync a full one.
+    pub fn sync_incremental(
+        &mut self,
+        deltas: &[TableDelta],
+        desired: impl FnOnce() -> Vec<TableSpec>,
+    ) -> Result<SyncOutcome, SyncError> {
+        let full = self.need_full;
+        let ops = if full {
+            let tables = desired();
+            let mut ops = Vec::new();
+            for t in &tables {
+                let current = self.dataplane.dump(t.family, TABLE)?;
+                ops.extend(diff(current.as_ref().map(Current::Dumped), t));
+            }
+            ops
+        } else {
+            deltas.iter().flat_map(delta_ops).collect()
+        };
+        // The renderer holds the desired state; nothing needs remembering here.
+        self.committed.clear();
+        if !ops.is_empty()
+            && let Err(e) = self.dataplane.apply(&ops)
+        {
+            self.need_full = true;
+            return Err(e);
+        }
+        self.need_full = false;
         Ok(SyncOutcome {
             full,
             ops: op_counts(&ops),

@@ -159,10 +159,21 @@ attr_enum! {
     CtAttr {
         Dreg(u32) = NFTA_CT_DREG = 1,
         Key(u32) = NFTA_CT_KEY = 2,
+        Direction(u8) = NFTA_CT_DIRECTION = 3,
     }
 }
 /// `NFT_CT_STATE`
 pub(crate) const NFT_CT_STATE: u32 = 0;
+/// `NFT_CT_STATUS`
+pub(crate) const NFT_CT_STATUS: u32 = 2;
+/// `NFT_CT_PROTO_DST`
+pub(crate) const NFT_CT_PROTO_DST: u32 = 12;
+/// `NFT_CT_DST_IP`
+pub(crate) const NFT_CT_DST_IP: u32 = 20;
+/// `NFT_CT_DST_IP6`
+pub(crate) const NFT_CT_DST_IP6: u32 = 22;
+/// `IP_CT_DIR_ORIGINAL`
+pub(crate) const IP_CT_DIR_ORIGINAL: u8 = 0;
 
 attr_enum! {
     /// `NFTA_NAT_*`: the `nat` expression.
@@ -206,6 +217,7 @@ attr_enum! {
         SetName(String) = NFTA_DYNSET_SET_NAME = 1,
         Op(u32) = NFTA_DYNSET_OP = 3,
         SregKey(u32) = NFTA_DYNSET_SREG_KEY = 4,
+        SregData(u32) = NFTA_DYNSET_SREG_DATA = 5,
         Timeout(u64) = NFTA_DYNSET_TIMEOUT = 6,
     }
 }
@@ -213,6 +225,8 @@ attr_enum! {
 pub(crate) const NFT_DYNSET_OP_ADD: u32 = 0;
 /// `NFT_DYNSET_OP_UPDATE`
 pub(crate) const NFT_DYNSET_OP_UPDATE: u32 = 1;
+/// `NFT_DYNSET_OP_DELETE`
+pub(crate) const NFT_DYNSET_OP_DELETE: u32 = 2;
 
 attr_enum! {
     /// `NFTA_SET_FIELD_*`: one field of a set's concatenation description.

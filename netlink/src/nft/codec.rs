@@ -29,6 +29,10 @@ const NFNL_SUBSYS_NFTABLES: u16 = 10;
 const NFTNL_UDATA_RULE_COMMENT: u8 = 0;
 /// `NFTNL_UDATA_SET_KEYBYTEORDER` in a set's userdata TLVs (libnftnl).
 const NFTNL_UDATA_SET_KEYBYTEORDER: u8 = 0;
+/// `NFTNL_UDATA_SET_DATABYTEORDER` in a set's userdata TLVs (libnftnl).
+const NFTNL_UDATA_SET_DATABYTEORDER: u8 = 1;
+/// `NFTNL_UDATA_SET_ELEM_COMMENT` in an element's userdata TLVs (libnftnl).
+const NFTNL_UDATA_SET_ELEM_COMMENT: u8 = 0;
 /// `NFTA_SET_DESC_CONCAT`
 const NFTA_SET_DESC_CONCAT: u16 = 2;
 
@@ -243,10 +247,19 @@ pub(crate) fn encode_expr(e: &Expr) -> ListAttribute<ExpressionAttribute> {
             )
         }
         Expr::Ct { key, dreg } => {
-            let k = match key {
-                CtKey::State => NFT_CT_STATE,
+            let (k, original) = match key {
+                CtKey::State => (NFT_CT_STATE, false),
+                CtKey::Status => (NFT_CT_STATUS, false),
+                CtKey::OriginalDstIp => (NFT_CT_DST_IP, true),
+                CtKey::OriginalDstIp6 => (NFT_CT_DST_IP6, true),
+                CtKey::OriginalProtoDst => (NFT_CT_PROTO_DST, true),
             };
-            own_expr("ct", &[CtAttr::Key(k), CtAttr::Dreg(dreg.0)])
+            let mut a = vec![CtAttr::Key(k)];
+            if original {
+                a.push(CtAttr::Direction(IP_CT_DIR_ORIGINAL));
+            }
+            a.push(CtAttr::Dreg(dreg.0));
+            own_expr("ct", &a)
         }
         Expr::Dnat {
             family,
@@ -288,13 +301,19 @@ pub(crate) fn encode_expr(e: &Expr) -> ListAttribute<ExpressionAttribute> {
             op,
             set,
             sreg_key,
+            sreg_data,
             timeout_ms,
         } => {
             let o = match op {
                 DynsetOp::Add => NFT_DYNSET_OP_ADD,
                 DynsetOp::Update => NFT_DYNSET_OP_UPDATE,
+                DynsetOp::Delete => NFT_DYNSET_OP_DELETE,
             };
-            let mut a = vec![DynsetAttr::SregKey(sreg_key.0), DynsetAttr::Op(o)];
+            let mut a = vec![DynsetAttr::SregKey(sreg_key.0)];
+            if let Some(d) = sreg_data {
+                a.push(DynsetAttr::SregData(d.0));
+            }
+            a.push(DynsetAttr::Op(o));
             if let Some(ms) = timeout_ms {
                 a.push(DynsetAttr::Timeout(*ms));
             }
@@ -385,7 +404,7 @@ fn rule_userdata(comment: &str) -> Vec<u8> {
 
 fn set_flags(set: &Set) -> nl::SetFlags {
     let mut f = nl::SetFlags::empty();
-    if set.verdict_map {
+    if set.is_map() {
         f |= nl::SetFlags::Map;
     }
     if set.key.len() > 1 {
@@ -510,6 +529,9 @@ pub(crate) fn new_set(table: &str, set: &Set, id: u32) -> nl::NfTablesMessage {
         a.push(nl::SetAttribute::DataType(NFT_DATA_VERDICT));
         // as nft: the kernel uses sizeof(verdict)
         a.push(nl::SetAttribute::DataLen(0));
+    } else if !set.data.is_empty() {
+        a.push(nl::SetAttribute::DataType(set_key_type(&set.data)));
+        a.push(nl::SetAttribute::DataLen(set.data_len()));
     }
     a.push(nl::SetAttribute::Id(id));
     if let Some(ms) = set.timeout_ms {
@@ -539,6 +561,15 @@ pub(crate) fn new_set(table: &str, set: &Set, id: u32) -> nl::NfTablesMessage {
     };
     let mut ud = vec![NFTNL_UDATA_SET_KEYBYTEORDER, 4];
     ud.extend_from_slice(&order.to_ne_bytes());
+    if !set.data.is_empty() {
+        let order: u32 = match set.data.as_slice() {
+            [KeyType::Mark] => 1,
+            [_] => 2,
+            _ => 0,
+        };
+        ud.extend_from_slice(&[NFTNL_UDATA_SET_DATABYTEORDER, 4]);
+        ud.extend_from_slice(&order.to_ne_bytes());
+    }
     a.push(nl::SetAttribute::UserData(ud));
     nl::NfTablesMessage::NewSet(set_msg(a))
 }
@@ -556,15 +587,39 @@ pub(crate) fn get_sets(table: &str) -> nl::NfTablesMessage {
     nl::NfTablesMessage::GetSet(set_msg(vec![nl::SetAttribute::Table(table.to_string())]))
 }
 
-/// One element: `NFTA_LIST_ELEM { KEY { VALUE }, DATA { VERDICT }? }`.
+/// One element: `NFTA_LIST_ELEM { KEY { VALUE }, DATA { VERDICT | VALUE }?,
+/// USERDATA? }` (data and comment only when adding).
 fn encode_element(e: &Element, with_data: bool) -> ListAttribute<nl::SetElementAttribute> {
     let mut a = vec![nl::SetElementAttribute::Key(value(&e.key_bytes()))];
-    if let (true, Some(v)) = (with_data, &e.verdict) {
-        a.push(nl::SetElementAttribute::Data(nl::DataAttribute::Verdict(
-            verdict_attrs(v),
-        )));
+    if with_data {
+        if let Some(v) = &e.verdict {
+            a.push(nl::SetElementAttribute::Data(nl::DataAttribute::Verdict(
+                verdict_attrs(v),
+            )));
+        } else if !e.data.is_empty() {
+            a.push(nl::SetElementAttribute::Data(value(&e.data_bytes())));
+        }
+        if let Some(c) = &e.comment {
+            a.push(nl::SetElementAttribute::UserData(comment_userdata(
+                NFTNL_UDATA_SET_ELEM_COMMENT,
+                c,
+            )));
+        }
     }
     ListAttribute::Element(a)
+}
+
+/// A userdata TLV holding `comment` (NUL-terminated, cut to [`MAX_COMMENT_LEN`]).
+fn comment_userdata(kind: u8, comment: &str) -> Vec<u8> {
+    let mut end = comment.len().min(MAX_COMMENT_LEN - 1);
+    while !comment.is_char_boundary(end) {
+        end -= 1;
+    }
+    let text = &comment.as_bytes()[..end];
+    let mut v = vec![kind, (text.len() + 1) as u8];
+    v.extend_from_slice(text);
+    v.push(0);
+    v
 }
 
 /// Element list messages (`NEWSETELEM` with data, or `DELSETELEM` with keys only),
@@ -738,8 +793,8 @@ fn concat_fields(desc: &[nl::SetDescription]) -> Option<usize> {
 
 pub(crate) fn parse_set(m: &nl::SetMessage) -> Option<ParsedSet> {
     let (mut table, mut name) = (None, None);
-    let (mut flags, mut ktype, mut klen, mut dtype, mut timeout) =
-        (nl::SetFlags::empty(), 0, 0, None, None);
+    let (mut flags, mut ktype, mut klen, mut dtype, mut dlen, mut timeout) =
+        (nl::SetFlags::empty(), 0, 0, None, 0, None);
     let mut fields = None;
     for a in &m.attributes {
         match a {
@@ -749,6 +804,7 @@ pub(crate) fn parse_set(m: &nl::SetMessage) -> Option<ParsedSet> {
             nl::SetAttribute::KeyType(t) => ktype = *t,
             nl::SetAttribute::KeyLen(l) => klen = *l,
             nl::SetAttribute::DataType(t) => dtype = Some(*t),
+            nl::SetAttribute::DataLen(l) => dlen = *l,
             nl::SetAttribute::Timeout(t) => timeout = Some(*t),
             nl::SetAttribute::Description(d) => fields = concat_fields(d),
             _ => {}
@@ -758,10 +814,16 @@ pub(crate) fn parse_set(m: &nl::SetMessage) -> Option<ParsedSet> {
     if flags.contains(nl::SetFlags::Anonymous) {
         return Some(ParsedSet::Skip);
     }
-    let verdict_map = flags.contains(nl::SetFlags::Map);
-    if verdict_map && dtype != Some(NFT_DATA_VERDICT) {
-        return Some(ParsedSet::Skip);
-    }
+    let is_map = flags.contains(nl::SetFlags::Map);
+    let verdict_map = is_map && dtype == Some(NFT_DATA_VERDICT);
+    let data = match (is_map, verdict_map, dtype) {
+        (true, false, Some(t)) => match decode_key_types(t, dlen, None) {
+            Some(d) => d,
+            None => return Some(ParsedSet::BadKey(name, t, dlen)),
+        },
+        (true, false, None) => return Some(ParsedSet::Skip),
+        _ => Vec::new(),
+    };
     let Some(key) = decode_key_types(ktype, klen, fields.filter(|&n| n > 1)) else {
         return Some(ParsedSet::BadKey(name, ktype, klen));
     };
@@ -771,6 +833,7 @@ pub(crate) fn parse_set(m: &nl::SetMessage) -> Option<ParsedSet> {
             name,
             key,
             verdict_map,
+            data,
             flags: SetFlags {
                 timeout: flags.contains(nl::SetFlags::Timeout),
                 dynamic: flags.contains(nl::SetFlags::Eval),
@@ -815,6 +878,7 @@ fn parse_key(key: &[KeyType], bytes: &[u8]) -> Option<Vec<KeyValue>> {
 pub(crate) fn parse_elements(
     m: &nl::SetElementMessage,
     key: &[KeyType],
+    data: &[KeyType],
     out: &mut Vec<Element>,
 ) -> usize {
     let mut skipped = 0;
@@ -826,7 +890,7 @@ pub(crate) fn parse_elements(
             let ListAttribute::Element(attrs) = elem else {
                 continue;
             };
-            let (mut k, mut verdict) = (None, None);
+            let (mut k, mut verdict, mut value, mut comment) = (None, None, Some(vec![]), None);
             for a in attrs {
                 match a {
                     nl::SetElementAttribute::Key(nl::DataAttribute::Value(v)) => {
@@ -835,12 +899,23 @@ pub(crate) fn parse_elements(
                     nl::SetElementAttribute::Data(nl::DataAttribute::Verdict(v)) => {
                         verdict = parse_verdict(v)
                     }
+                    nl::SetElementAttribute::Data(nl::DataAttribute::Value(v)) => {
+                        value = parse_key(data, v)
+                    }
+                    nl::SetElementAttribute::UserData(u) => {
+                        comment = userdata_tlv(u, NFTNL_UDATA_SET_ELEM_COMMENT)
+                    }
                     _ => {}
                 }
             }
-            match k {
-                Some(key) => out.push(Element { key, verdict }),
-                None => skipped += 1,
+            match (k, value) {
+                (Some(key), Some(data)) => out.push(Element {
+                    key,
+                    verdict,
+                    data,
+                    comment,
+                }),
+                _ => skipped += 1,
             }
         }
     }
@@ -857,6 +932,11 @@ pub(crate) struct ParsedRule {
 
 /// The comment in a rule's userdata TLVs (`type u8, len u8, value`).
 fn userdata_comment(p: &[u8]) -> Option<String> {
+    userdata_tlv(p, NFTNL_UDATA_RULE_COMMENT)
+}
+
+/// The string of TLV `kind` in userdata TLVs (`type u8, len u8, value`).
+fn userdata_tlv(p: &[u8], kind: u8) -> Option<String> {
     let mut comment = None;
     let mut i = 0;
     while i + 2 <= p.len() {
@@ -864,7 +944,7 @@ fn userdata_comment(p: &[u8]) -> Option<String> {
         let Some(v) = p.get(i + 2..i + 2 + l) else {
             break;
         };
-        if t == NFTNL_UDATA_RULE_COMMENT {
+        if t == kind {
             let end = v.iter().position(|&c| c == 0).unwrap_or(v.len());
             comment = Some(String::from_utf8_lossy(&v[..end]).into_owned());
         }
@@ -1015,7 +1095,16 @@ pub fn fmt_expr(e: &Expr) -> String {
             };
             format!("[ fib {a} type => {} ]", fmt_reg(*dreg))
         }
-        Expr::Ct { dreg, .. } => format!("[ ct load state => {} ]", fmt_reg(*dreg)),
+        Expr::Ct { key, dreg } => {
+            let k = match key {
+                CtKey::State => "state",
+                CtKey::Status => "status",
+                CtKey::OriginalDstIp => "dst_ip , dir original",
+                CtKey::OriginalDstIp6 => "dst_ip6 , dir original",
+                CtKey::OriginalProtoDst => "proto_dst , dir original",
+            };
+            format!("[ ct load {k} => {} ]", fmt_reg(*dreg))
+        }
         Expr::Dnat {
             family,
             reg_addr,
@@ -1044,57 +1133,73 @@ pub fn fmt_expr(e: &Expr) -> String {
             op,
             set,
             sreg_key,
+            sreg_data,
             timeout_ms,
         } => {
             let o = match op {
                 DynsetOp::Add => "add",
                 DynsetOp::Update => "update",
+                DynsetOp::Delete => "delete",
             };
             let t = timeout_ms
                 .map(|t| format!(" timeout {t}ms"))
                 .unwrap_or_default();
-            format!("[ dynset {o} {} set {set}{t} ]", fmt_reg(*sreg_key))
+            let d = sreg_data
+                .map(|r| format!(" sreg_data {}", fmt_reg(r)))
+                .unwrap_or_default();
+            format!("[ dynset {o} {}{d} set {set}{t} ]", fmt_reg(*sreg_key))
         }
     }
 }
 
 /// nft-like text of an element key.
 pub fn fmt_element(e: &Element) -> String {
-    let key: Vec<String> = e
-        .key
-        .iter()
-        .map(|k| match k {
-            KeyValue::Addr(a) => a.to_string(),
-            KeyValue::Proto(6) => "tcp".into(),
-            KeyValue::Proto(17) => "udp".into(),
-            KeyValue::Proto(132) => "sctp".into(),
-            KeyValue::Proto(p) => p.to_string(),
-            KeyValue::Port(p) => p.to_string(),
-            KeyValue::Mark(m) => format!("0x{m:08x}"),
-        })
-        .collect();
-    match &e.verdict {
-        Some(v) => format!("{} : {}", key.join(" . "), fmt_verdict(v)),
-        None => key.join(" . "),
+    let key: Vec<String> = e.key.iter().map(fmt_key_value).collect();
+    let mut out = key.join(" . ");
+    if let Some(v) = &e.verdict {
+        out = format!("{out} : {}", fmt_verdict(v));
+    } else if !e.data.is_empty() {
+        let data: Vec<String> = e.data.iter().map(fmt_key_value).collect();
+        out = format!("{out} : {}", data.join(" . "));
+    }
+    if let Some(c) = &e.comment {
+        out = format!("{out} comment \"{c}\"");
+    }
+    out
+}
+
+fn fmt_key_value(k: &KeyValue) -> String {
+    match k {
+        KeyValue::Addr(a) => a.to_string(),
+        KeyValue::Proto(6) => "tcp".into(),
+        KeyValue::Proto(17) => "udp".into(),
+        KeyValue::Proto(132) => "sctp".into(),
+        KeyValue::Proto(p) => p.to_string(),
+        KeyValue::Port(p) => p.to_string(),
+        KeyValue::Mark(m) => format!("0x{m:08x}"),
     }
 }
 
 /// nft-like text of a set's type.
 pub fn fmt_set_type(s: &Set) -> String {
-    let names: Vec<&str> = s
-        .key
-        .iter()
-        .map(|k| match k {
-            KeyType::Ipv4Addr => "ipv4_addr",
-            KeyType::Ipv6Addr => "ipv6_addr",
-            KeyType::InetProto => "inet_proto",
-            KeyType::InetService => "inet_service",
-            KeyType::Mark => "mark",
-        })
-        .collect();
-    let mut out = format!("type {}", names.join(" . "));
+    let names = |types: &[KeyType]| -> String {
+        let names: Vec<&str> = types
+            .iter()
+            .map(|k| match k {
+                KeyType::Ipv4Addr => "ipv4_addr",
+                KeyType::Ipv6Addr => "ipv6_addr",
+                KeyType::InetProto => "inet_proto",
+                KeyType::InetService => "inet_service",
+                KeyType::Mark => "mark",
+            })
+            .collect();
+        names.join(" . ")
+    };
+    let mut out = format!("type {}", names(&s.key));
     if s.verdict_map {
         out.push_str(" : verdict");
+    } else if !s.data.is_empty() {
+        out.push_str(&format!(" : {}", names(&s.data)));
     }
     out
 }
@@ -1106,6 +1211,7 @@ const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
 const NFTA_LIST_ELEM: u16 = 1;
 const NFTA_SET_ELEM_KEY: u16 = 1;
 const NFTA_SET_ELEM_DATA: u16 = 2;
+const NFTA_SET_ELEM_USERDATA: u16 = 6;
 const NFTA_DATA_VALUE: u16 = 1;
 const NFTA_DATA_VERDICT: u16 = 2;
 const NFTA_VERDICT_CODE: u16 = 1;
@@ -1157,7 +1263,15 @@ fn element_attributes(elem: &[u8]) -> Vec<nl::SetElementAttribute> {
                     )));
                 }
             }
+            NFTA_SET_ELEM_USERDATA => {
+                out.push(nl::SetElementAttribute::UserData(value.to_vec()));
+            }
             NFTA_SET_ELEM_DATA => {
+                if let Some((_, v)) = nlas(value).find(|(k, _)| *k == NFTA_DATA_VALUE) {
+                    out.push(nl::SetElementAttribute::Data(nl::DataAttribute::Value(
+                        v.to_vec(),
+                    )));
+                }
                 if let Some((_, v)) = nlas(value).find(|(k, _)| *k == NFTA_DATA_VERDICT) {
                     let verdict = nlas(v)
                         .filter_map(|(k, v)| match k {

@@ -54,6 +54,7 @@ pub(crate) fn ops() -> Vec<Op> {
                 name: "service-ips".into(),
                 key: vec![a, KeyType::InetProto, KeyType::InetService],
                 verdict_map: true,
+                data: Vec::new(),
                 flags: SetFlags::default(),
                 timeout_ms: None,
             },
@@ -61,6 +62,7 @@ pub(crate) fn ops() -> Vec<Op> {
                 name: "aff".into(),
                 key: vec![a],
                 verdict_map: false,
+                data: Vec::new(),
                 flags: SetFlags {
                     timeout: true,
                     dynamic: true,
@@ -71,6 +73,7 @@ pub(crate) fn ops() -> Vec<Op> {
                 name: "marks".into(),
                 key: vec![KeyType::Mark],
                 verdict_map: false,
+                data: Vec::new(),
                 flags: SetFlags::default(),
                 timeout_ms: None,
             },
@@ -78,6 +81,7 @@ pub(crate) fn ops() -> Vec<Op> {
                 name: "ports".into(),
                 key: vec![KeyType::InetService],
                 verdict_map: true,
+                data: Vec::new(),
                 flags: SetFlags::default(),
                 timeout_ms: None,
             },
@@ -109,6 +113,8 @@ pub(crate) fn ops() -> Vec<Op> {
             .map(|(i, v)| Element {
                 key: key(6 + i as u8, 80 + i as u16),
                 verdict: Some(v.clone()),
+                data: Vec::new(),
+                comment: None,
             })
             .collect();
         ops.push(Op::AddElements {
@@ -124,6 +130,8 @@ pub(crate) fn ops() -> Vec<Op> {
             elements: vec![Element {
                 key: vec![KeyValue::Mark(0x4000)],
                 verdict: None,
+                data: Vec::new(),
+                comment: None,
             }],
         });
         ops.push(Op::DeleteElements {
@@ -272,12 +280,14 @@ pub(crate) fn ops() -> Vec<Op> {
                 op: DynsetOp::Update,
                 set: "aff".into(),
                 sreg_key: Reg(1),
+                sreg_data: None,
                 timeout_ms: Some(10_800_000),
             },
             Expr::Dynset {
                 op: DynsetOp::Add,
                 set: "aff".into(),
                 sreg_key: Reg(1),
+                sreg_data: None,
                 timeout_ms: None,
             },
         ];
@@ -329,6 +339,8 @@ pub(crate) fn ops_many() -> Vec<Op> {
         .map(|i| Element {
             key: vec![KeyValue::Port(i)],
             verdict: Some(Verdict::Jump("svc-a".into())),
+            data: Vec::new(),
+            comment: None,
         })
         .collect();
     vec![

@@ -814,7 +814,7 @@ impl NftSocket {
             let mut skipped = 0;
             for m in &msgs {
                 if let NfTablesMessage::NewSetElement(e) = m {
-                    skipped += parse_elements(e, &s.key, &mut elems);
+                    skipped += parse_elements(e, &s.key, &s.data, &mut elems);
                 }
             }
             if skipped > 0 {

@@ -117,7 +117,7 @@ fn batch_parses_back() {
                     super::KeyType::InetProto,
                     super::KeyType::InetService,
                 ];
-                let skipped = parse_elements(&e, &key, &mut out);
+                let skipped = parse_elements(&e, &key, &[], &mut out);
                 elems += out.len() + skipped;
             }
             NetfilterMessageInner::NfTables(M::NewRule(r)) => {
@@ -233,8 +233,8 @@ fn fast_dump_decoders_agree_with_the_crate() {
             match inner {
                 NetfilterMessageInner::NfTables(M::NewSetElement(e)) => {
                     let (mut slow, mut fast) = (Vec::new(), Vec::new());
-                    parse_elements(&e, &key, &mut slow);
-                    parse_elements(&parse_set_element_message(body), &key, &mut fast);
+                    parse_elements(&e, &key, &[], &mut slow);
+                    parse_elements(&parse_set_element_message(body), &key, &[], &mut fast);
                     assert_eq!(slow, fast);
                     elements += fast.len();
                 }

@@ -251,6 +251,9 @@ pub struct Set {
     pub key: Vec<KeyType>,
     /// `true` for `type … : verdict` maps.
     pub verdict_map: bool,
+    /// Data fields of a data map (`type … : ipv4_addr . inet_service`); empty for
+    /// sets and verdict maps. More than one field makes a concatenation.
+    pub data: Vec<KeyType>,
     /// Flags.
     pub flags: SetFlags,
     /// Default element timeout in milliseconds (needs `flags.timeout`).
@@ -261,6 +264,16 @@ impl Set {
     /// Total key length in bytes (`NFTA_SET_KEY_LEN`).
     pub fn key_len(&self) -> u32 {
         self.key.iter().map(|k| k.padded_len()).sum()
+    }
+
+    /// Total data length in bytes of a data map (`NFTA_SET_DATA_LEN`).
+    pub fn data_len(&self) -> u32 {
+        self.data.iter().map(|k| k.padded_len()).sum()
+    }
+
+    /// Whether elements carry data (verdict or value): `NFT_SET_MAP`.
+    pub fn is_map(&self) -> bool {
+        self.verdict_map || !self.data.is_empty()
     }
 }
 
@@ -298,9 +311,46 @@ pub struct Element {
     pub key: Vec<KeyValue>,
     /// Map data, for verdict maps.
     pub verdict: Option<Verdict>,
+    /// Map data, for data maps: one value per [`Set::data`] field.
+    pub data: Vec<KeyValue>,
+    /// Human comment, kept in the element's userdata like `nft … comment "…"`.
+    pub comment: Option<String>,
 }
 
 impl Element {
+    /// An element of a plain set.
+    pub fn new(key: Vec<KeyValue>) -> Self {
+        Element {
+            key,
+            verdict: None,
+            data: Vec::new(),
+            comment: None,
+        }
+    }
+
+    /// A verdict-map element.
+    pub fn with_verdict(mut self, verdict: Verdict) -> Self {
+        self.verdict = Some(verdict);
+        self
+    }
+
+    /// A data-map element.
+    pub fn with_data(mut self, data: Vec<KeyValue>) -> Self {
+        self.data = data;
+        self
+    }
+
+    /// With a comment (`comment "…"`).
+    pub fn with_comment(mut self, comment: impl Into<String>) -> Self {
+        self.comment = Some(comment.into());
+        self
+    }
+
+    /// Data bytes in the kernel's padded, concatenated layout.
+    pub fn data_bytes(&self) -> Vec<u8> {
+        self.data.iter().flat_map(|k| k.padded_bytes()).collect()
+    }
+
     /// Key bytes in the kernel's padded, concatenated layout.
     pub fn key_bytes(&self) -> Vec<u8> {
         self.key.iter().flat_map(|k| k.padded_bytes()).collect()
@@ -370,6 +420,14 @@ pub enum CmpOp {
 pub enum CtKey {
     /// `NFT_CT_STATE` (bitmask: invalid 1, established 2, related 4, new 8, untracked 64)
     State,
+    /// `NFT_CT_STATUS` (bitmask of `enum ip_conntrack_status`: `IPS_DST_NAT` = 0x20 …)
+    Status,
+    /// `ct original ip daddr` (`NFT_CT_DST_IP`, direction original)
+    OriginalDstIp,
+    /// `ct original ip6 daddr` (`NFT_CT_DST_IP6`, direction original)
+    OriginalDstIp6,
+    /// `ct original proto-dst` (`NFT_CT_PROTO_DST`, direction original)
+    OriginalProtoDst,
 }
 
 /// Result of a `fib` lookup.
@@ -405,6 +463,8 @@ pub enum DynsetOp {
     Add,
     /// `update @set { … }` (refreshes the timeout)
     Update,
+    /// `delete @set { … }`
+    Delete,
 }
 
 /// One kernel expression, attributes as in `nf_tables.h`.
@@ -525,6 +585,8 @@ pub enum Expr {
         set: String,
         /// key register
         sreg_key: Reg,
+        /// data register, for maps (`update @map { key : data }`)
+        sreg_data: Option<Reg>,
         /// per-element timeout in milliseconds
         timeout_ms: Option<u64>,
     },
