@@ -136,7 +136,11 @@ impl EntryKind {
 
     fn key(self, family: Family) -> Vec<KeyType> {
         match self {
-            EntryKind::Ips => vec![KeyType::addr(family), KeyType::InetProto, KeyType::InetService],
+            EntryKind::Ips => vec![
+                KeyType::addr(family),
+                KeyType::InetProto,
+                KeyType::InetService,
+            ],
             EntryKind::Nodeports => vec![KeyType::InetProto, KeyType::InetService],
         }
     }
@@ -460,7 +464,7 @@ pub fn desired_table(
     ip_family: IpFamily,
 ) -> TableSpec {
     let mut table = FamilyRenderer::new(ip_family);
-    table.update(state, opts);
+    table.update(state, opts, None);
     table.table()
 }
 
@@ -530,17 +534,40 @@ impl Default for NftablesRenderer {
 
 impl NftablesRenderer {
     /// Brings the desired state to `state`; returns what changed, per family.
+    /// Every service port is compared with what was rendered last: O(service
+    /// ports) compares, re-rendering only the changed ones.
     pub fn update(
         &mut self,
         state: &ClusterState,
         opts: &NftablesOptions,
+    ) -> (Vec<TableDelta>, RenderStats) {
+        self.update_inner(state, opts, None)
+    }
+
+    /// Like [`update`](Self::update), trusting that only the service ports in
+    /// `changed` (added, changed or removed, either family) differ from the last
+    /// update: O(changed) work unless the node-level inputs changed.
+    pub fn update_changed(
+        &mut self,
+        state: &ClusterState,
+        opts: &NftablesOptions,
+        changed: &[ServicePortName],
+    ) -> (Vec<TableDelta>, RenderStats) {
+        self.update_inner(state, opts, Some(changed))
+    }
+
+    fn update_inner(
+        &mut self,
+        state: &ClusterState,
+        opts: &NftablesOptions,
+        changed: Option<&[ServicePortName]>,
     ) -> (Vec<TableDelta>, RenderStats) {
         let mut stats = RenderStats::default();
         let deltas = self
             .families
             .iter_mut()
             .map(|f| {
-                let (delta, s) = f.update(state, opts);
+                let (delta, s) = f.update(state, opts, changed);
                 stats.rendered += s.rendered;
                 stats.node_changed |= s.node_changed;
                 stats.conflicts.extend(s.conflicts);
@@ -582,8 +609,12 @@ struct Contribution {
     prefixes: Vec<u8>,
     /// Entry points (`address . proto . port`) with ClientIP affinity and the
     /// endpoints their traffic may go to.
-    affinity: Vec<(Vec<KeyValue>, BTreeSet<(IpAddr, u16)>)>,
+    affinity: Vec<AffinityEntry>,
 }
+
+/// An entry point (`address . proto . port`) with ClientIP affinity, and the
+/// endpoints (`address, port`) its traffic may go to.
+type AffinityEntry = (Vec<KeyValue>, BTreeSet<(IpAddr, u16)>);
 
 /// One service port as last rendered.
 #[derive(Debug, Clone)]
@@ -646,6 +677,7 @@ impl FamilyRenderer {
         &mut self,
         state: &ClusterState,
         opts: &NftablesOptions,
+        changed: Option<&[ServicePortName]>,
     ) -> (TableDelta, RenderStats) {
         let inputs = NodeInputs {
             opts: Some(opts.clone()),
@@ -661,6 +693,28 @@ impl FamilyRenderer {
         self.inputs = inputs;
 
         // Which service ports to render again.
+        let dirty = match changed {
+            Some(names) if !node_changed => {
+                let mut dirty: Vec<ServicePortName> = names
+                    .iter()
+                    .filter(|n| {
+                        self.services.contains_key(*n)
+                            || state.services.contains_key(&((*n).clone(), self.ip_family))
+                    })
+                    .cloned()
+                    .collect();
+                dirty.sort();
+                dirty.dedup();
+                dirty
+            }
+            _ => self.changed_ports(state, node_changed),
+        };
+        self.render_changes(state, dirty, node_changed)
+    }
+
+    /// The service ports that differ from what was rendered (all of them when the
+    /// node-level inputs changed), including removed ones.
+    fn changed_ports(&self, state: &ClusterState, node_changed: bool) -> Vec<ServicePortName> {
         let no_endpoints: Vec<Endpoint> = Vec::new();
         let mut dirty: Vec<ServicePortName> = Vec::new();
         let mut present = 0usize;
@@ -679,7 +733,11 @@ impl FamilyRenderer {
                 dirty.push(name.clone());
             }
         }
-        let still_present = present - dirty.iter().filter(|n| !self.services.contains_key(*n)).count();
+        let still_present = present
+            - dirty
+                .iter()
+                .filter(|n| !self.services.contains_key(*n))
+                .count();
         if still_present < self.services.len() {
             // Some rendered port is gone.
             dirty.extend(
@@ -689,7 +747,17 @@ impl FamilyRenderer {
                     .cloned(),
             );
         }
+        dirty
+    }
 
+    /// Re-renders `dirty` and says what changed in the table.
+    fn render_changes(
+        &mut self,
+        state: &ClusterState,
+        dirty: Vec<ServicePortName>,
+        node_changed: bool,
+    ) -> (TableDelta, RenderStats) {
+        let no_endpoints: Vec<Endpoint> = Vec::new();
         let mut touched: HashMap<(SetId, Vec<KeyValue>), Option<Element>> = HashMap::new();
         let mut conflicts = Vec::new();
         let old_classes: BTreeSet<Class> = self.classes.keys().copied().collect();
@@ -698,21 +766,18 @@ impl FamilyRenderer {
             if let Some(old) = self.services.remove(name) {
                 self.withdraw(name, &old.contribution, &mut touched);
             }
-            match state.services.get(&(name.clone(), self.ip_family)) {
-                Some(svc) => {
-                    let eps = state.endpoints.get(name).unwrap_or(&no_endpoints);
-                    let contribution = self.render(svc, eps, &state.node);
-                    self.claim(name, &contribution, &mut touched, &mut conflicts);
-                    self.services.insert(
-                        name.clone(),
-                        RenderedService {
-                            svc: svc.clone(),
-                            endpoints: eps.clone(),
-                            contribution,
-                        },
-                    );
-                }
-                None => {}
+            if let Some(svc) = state.services.get(&(name.clone(), self.ip_family)) {
+                let eps = state.endpoints.get(name).unwrap_or(&no_endpoints);
+                let contribution = self.render(svc, eps, &state.node);
+                self.claim(name, &contribution, &mut touched, &mut conflicts);
+                self.services.insert(
+                    name.clone(),
+                    RenderedService {
+                        svc: svc.clone(),
+                        endpoints: eps.clone(),
+                        contribution,
+                    },
+                );
             }
         }
 
@@ -723,15 +788,18 @@ impl FamilyRenderer {
         let classes: BTreeSet<Class> = self.classes.keys().copied().collect();
         let prefixes: BTreeSet<u8> = self.prefixes.keys().copied().collect();
         if node_changed || classes != old_classes || prefixes != old_prefixes {
-            let skeleton = skeleton(self.family, self.ip_family, &self.inputs, &classes, &prefixes);
+            let skeleton = skeleton(
+                self.family,
+                self.ip_family,
+                &self.inputs,
+                &classes,
+                &prefixes,
+            );
             skeleton_delta(&self.skeleton, &skeleton, &mut delta);
             self.skeleton = skeleton;
         }
         for ((set, key), before) in touched {
-            let after = self
-                .claims
-                .get(&(set, key))
-                .and_then(|c| c.values().next());
+            let after = self.claims.get(&(set, key)).and_then(|c| c.values().next());
             if before.as_ref() == after {
                 continue;
             }
@@ -746,7 +814,11 @@ impl FamilyRenderer {
                     .push(b);
             }
             if let Some(a) = after {
-                delta.add_elements.entry(set_name).or_default().push(a.clone());
+                delta
+                    .add_elements
+                    .entry(set_name)
+                    .or_default()
+                    .push(a.clone());
             }
         }
         for elements in delta
@@ -836,18 +908,21 @@ impl FamilyRenderer {
         let proto = svc.name.protocol.number();
         let timeout = svc.affinity_timeout_seconds.unwrap_or(0);
         let has_endpoints = cat.has_any_endpoints;
-        let nodeport_addrs: Vec<IpAddr> = match self.inputs.opts.as_ref().map(|o| &o.nodeport_addresses) {
-            Some(NodePortAddresses::Ips(ips)) => ips.clone(),
-            _ => node.ips.clone(),
-        }
-        .into_iter()
-        .filter(|ip| IpFamily::of(ip) == self.ip_family)
-        .collect();
+        let nodeport_addrs: Vec<IpAddr> =
+            match self.inputs.opts.as_ref().map(|o| &o.nodeport_addresses) {
+                Some(NodePortAddresses::Ips(ips)) => ips.clone(),
+                _ => node.ips.clone(),
+            }
+            .into_iter()
+            .filter(|ip| IpFamily::of(ip) == self.ip_family)
+            .collect();
         let mut out = Contribution::default();
         let push = |out: &mut Contribution, set: SetId, key: Vec<KeyValue>, data: Vec<KeyValue>| {
             out.elements.push((
                 set,
-                Element::new(key).with_data(data).with_comment(comment.clone()),
+                Element::new(key)
+                    .with_data(data)
+                    .with_comment(comment.clone()),
             ));
         };
         // Traffic from `entry` at `key` goes to `eps`.
@@ -926,7 +1001,11 @@ impl FamilyRenderer {
                 SetId::ClusterIps,
                 Element::new(vec![KeyValue::Addr(cip)]).with_comment(service_comment(&svc.name)),
             ));
-            let key = vec![KeyValue::Addr(cip), KeyValue::Proto(proto), KeyValue::Port(svc.port)];
+            let key = vec![
+                KeyValue::Addr(cip),
+                KeyValue::Proto(proto),
+                KeyValue::Port(svc.port),
+            ];
             if has_endpoints && !internal.is_empty() {
                 route(&mut out, Entry::Main(EntryKind::Ips), &key, internal);
             } else {
@@ -944,13 +1023,19 @@ impl FamilyRenderer {
             .map(|a| {
                 (
                     EntryKind::Ips,
-                    vec![KeyValue::Addr(*a), KeyValue::Proto(proto), KeyValue::Port(svc.port)],
+                    vec![
+                        KeyValue::Addr(*a),
+                        KeyValue::Proto(proto),
+                        KeyValue::Port(svc.port),
+                    ],
                 )
             })
-            .chain(
-                svc.node_port
-                    .map(|np| (EntryKind::Nodeports, vec![KeyValue::Proto(proto), KeyValue::Port(np)])),
-            );
+            .chain(svc.node_port.map(|np| {
+                (
+                    EntryKind::Nodeports,
+                    vec![KeyValue::Proto(proto), KeyValue::Port(np)],
+                )
+            }));
         for (kind, key) in externals {
             if has_endpoints {
                 // eTP Cluster: everyone; eTP Local: pods and the node itself.
@@ -978,7 +1063,11 @@ impl FamilyRenderer {
             });
             let full = (self.family.addr_len() * 8) as u8;
             for lb in &svc.load_balancer_ips {
-                let key = vec![KeyValue::Addr(*lb), KeyValue::Proto(proto), KeyValue::Port(svc.port)];
+                let key = vec![
+                    KeyValue::Addr(*lb),
+                    KeyValue::Proto(proto),
+                    KeyValue::Port(svc.port),
+                ];
                 push(&mut out, SetId::FirewallIps, key.clone(), vec![]);
                 let allowed = svc
                     .load_balancer_source_ranges
@@ -1060,7 +1149,11 @@ fn skeleton_delta(old: &TableSpec, new: &TableSpec, delta: &mut TableDelta) {
             Some(o) => {
                 let gone: Vec<Element> = o.elements.difference(&spec.elements).cloned().collect();
                 if !gone.is_empty() {
-                    delta.delete_elements.entry(name.clone()).or_default().extend(gone);
+                    delta
+                        .delete_elements
+                        .entry(name.clone())
+                        .or_default()
+                        .extend(gone);
                 }
                 let new_elements: Vec<Element> =
                     spec.elements.difference(&o.elements).cloned().collect();
@@ -1112,7 +1205,10 @@ fn skeleton(
     prefixes: &BTreeSet<u8>,
 ) -> TableSpec {
     use ChainType::{Filter, Nat};
-    let opts = inputs.opts.as_ref().expect("skeleton after the options are known");
+    let opts = inputs
+        .opts
+        .as_ref()
+        .expect("skeleton after the options are known");
     let mut t = TableSpec::new(family);
     for set in SetId::fixed() {
         let def = set.definition(family);
@@ -1187,11 +1283,19 @@ fn skeleton(
     t.rule(
         MASQUERADING,
         b().ct_status_dnat()
-            .in_set(&[KeyField::Saddr, KeyField::Daddr], &SetId::Hairpin.name(), false)
+            .in_set(
+                &[KeyField::Saddr, KeyField::Daddr],
+                &SetId::Hairpin.name(),
+                false,
+            )
             .verdict(jump(MARK_FOR_MASQUERADE)),
         Some("hairpin: a pod reaching itself through a service"),
     );
-    t.rule(MASQUERADING, b().mark_bits_clear(mark).verdict(Verdict::Return), None);
+    t.rule(
+        MASQUERADING,
+        b().mark_bits_clear(mark).verdict(Verdict::Return),
+        None,
+    );
     t.rule(MASQUERADING, b().mark_set_xor(mark), None);
     t.rule(MASQUERADING, b().masquerade_fully_random(), None);
 
@@ -1217,9 +1321,18 @@ fn skeleton(
     // Filter: source ranges, no endpoints, unknown ports, unallocated IPs.
     let mut not_firewalled = b().in_set(&k3, &SetId::FirewallIps.name(), true);
     not_firewalled = not_firewalled.verdict(Verdict::Return);
-    t.rule(FIREWALL_CHECK, not_firewalled, Some("not filtered by loadBalancerSourceRanges"));
+    t.rule(
+        FIREWALL_CHECK,
+        not_firewalled,
+        Some("not filtered by loadBalancerSourceRanges"),
+    );
     for p in prefixes {
-        let fields = [KeyField::Daddr, KeyField::L4Proto, KeyField::Dport, KeyField::SaddrMasked(*p)];
+        let fields = [
+            KeyField::Daddr,
+            KeyField::L4Proto,
+            KeyField::Dport,
+            KeyField::SaddrMasked(*p),
+        ];
         t.rule(
             FIREWALL_CHECK,
             b().in_set(&fields, &SetId::FirewallAllow(*p).name(), false)
@@ -1234,7 +1347,8 @@ fn skeleton(
     );
     t.rule(
         SERVICE_ENDPOINTS_CHECK,
-        b().in_set(&k3, &SetId::NoEndpointReject(EntryKind::Ips).name(), false).reject(),
+        b().in_set(&k3, &SetId::NoEndpointReject(EntryKind::Ips).name(), false)
+            .reject(),
         Some("reject traffic to services without endpoints"),
     );
     t.rule(
@@ -1246,20 +1360,29 @@ fn skeleton(
     t.rule(
         NODEPORT_ENDPOINTS_CHECK,
         to_nodeport()
-            .in_set(&k2, &SetId::NoEndpointReject(EntryKind::Nodeports).name(), false)
+            .in_set(
+                &k2,
+                &SetId::NoEndpointReject(EntryKind::Nodeports).name(),
+                false,
+            )
             .reject(),
         Some("reject NodePorts without endpoints"),
     );
     t.rule(
         NODEPORT_ENDPOINTS_CHECK,
         to_nodeport()
-            .in_set(&k2, &SetId::NoEndpointDrop(EntryKind::Nodeports).name(), false)
+            .in_set(
+                &k2,
+                &SetId::NoEndpointDrop(EntryKind::Nodeports).name(),
+                false,
+            )
             .verdict(Verdict::Drop),
         Some("drop NodePort traffic whose traffic policy finds no endpoint"),
     );
     t.rule(
         CLUSTER_IPS_CHECK,
-        b().in_set(&daddr, &SetId::ClusterIps.name(), false).reject(),
+        b().in_set(&daddr, &SetId::ClusterIps.name(), false)
+            .reject(),
         Some("reject traffic to invalid ports of ClusterIPs"),
     );
     for cidr in &inputs.service_cidrs {
@@ -1294,7 +1417,11 @@ fn skeleton(
     t.rule(
         SERVICES,
         to_nodeport()
-            .in_set(&k2, &SetId::ExternalCluster(EntryKind::Nodeports).name(), false)
+            .in_set(
+                &k2,
+                &SetId::ExternalCluster(EntryKind::Nodeports).name(),
+                false,
+            )
             .verdict(masq()),
         Some("masquerade NodePort traffic (externalTrafficPolicy Cluster)"),
     );
@@ -1308,15 +1435,25 @@ fn skeleton(
     t.rule(
         SERVICES,
         to_nodeport_from(b().fib_saddr_local())
-            .in_set(&k2, &SetId::ExternalLocal(EntryKind::Nodeports).name(), false)
+            .in_set(
+                &k2,
+                &SetId::ExternalLocal(EntryKind::Nodeports).name(),
+                false,
+            )
             .verdict(masq()),
         Some("masquerade the node's own NodePort traffic to externalTrafficPolicy Local"),
     );
     // From outside the cluster: neither the node itself nor a local pod.
     let outside = || {
         let rule = b().fib_saddr_not_local();
-        local_source_into(rule.clone(), family, &opts.local_detector, &inputs.node, true)
-            .unwrap_or(rule)
+        local_source_into(
+            rule.clone(),
+            family,
+            &opts.local_detector,
+            &inputs.node,
+            true,
+        )
+        .unwrap_or(rule)
     };
     t.rule(
         SERVICES,
@@ -1328,12 +1465,24 @@ fn skeleton(
     t.rule(
         SERVICES,
         to_nodeport_from(outside())
-            .in_set(&k2, &SetId::ExternalLocal(EntryKind::Nodeports).name(), false)
+            .in_set(
+                &k2,
+                &SetId::ExternalLocal(EntryKind::Nodeports).name(),
+                false,
+            )
             .verdict(goto(DISPATCH_NODEPORTS_LOCAL)),
         Some("external NodePort traffic to externalTrafficPolicy Local: local endpoints"),
     );
-    t.rule(SERVICES, b().verdict(jump(DISPATCH_IPS)), Some("service IPs"));
-    t.rule(SERVICES, to_nodeport().verdict(jump(DISPATCH_NODEPORTS)), Some("NodePorts"));
+    t.rule(
+        SERVICES,
+        b().verdict(jump(DISPATCH_IPS)),
+        Some("service IPs"),
+    );
+    t.rule(
+        SERVICES,
+        to_nodeport().verdict(jump(DISPATCH_NODEPORTS)),
+        Some("NodePorts"),
+    );
 
     for (chain, entry) in [
         (DISPATCH_IPS, Entry::Main(EntryKind::Ips)),
@@ -1376,7 +1525,12 @@ fn dispatch_rules(t: &mut TableSpec, chain: &str, entry: Entry, classes: &BTreeS
             RuleBuilder::new(family)
                 .in_set(&with_timeout, &SetId::AffinityTimeouts.name(), false)
                 .map_lookup(
-                    &[KeyField::Saddr, KeyField::Daddr, KeyField::L4Proto, KeyField::Dport],
+                    &[
+                        KeyField::Saddr,
+                        KeyField::Daddr,
+                        KeyField::L4Proto,
+                        KeyField::Dport,
+                    ],
                     &SetId::Affinity.name(),
                     r(0),
                 )
@@ -1409,7 +1563,11 @@ fn dispatch_rules(t: &mut TableSpec, chain: &str, entry: Entry, classes: &BTreeS
 fn affinity_record_rules(t: &mut TableSpec, classes: &BTreeSet<Class>) {
     let family = t.family;
     let timeouts: BTreeSet<u32> = classes.iter().map(|(_, t)| *t).filter(|t| *t > 0).collect();
-    let original = [KeyField::CtOriginalDaddr, KeyField::L4Proto, KeyField::CtOriginalDport];
+    let original = [
+        KeyField::CtOriginalDaddr,
+        KeyField::L4Proto,
+        KeyField::CtOriginalDport,
+    ];
     let a = family.addr_len() / 4;
     for secs in timeouts {
         let mut with_timeout = original.to_vec();

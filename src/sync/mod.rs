@@ -133,13 +133,14 @@ impl<D: Dataplane> Syncer<D> {
 
     /// The operations a sync would send now (reads the kernel back if needed).
     pub fn plan(&mut self, desired: &[TableSpec]) -> Result<Vec<Op>, SyncError> {
-        if self.need_full {
-            for t in desired {
+        for t in desired {
+            // After an incremental sync nothing is remembered here: read back.
+            if self.need_full || !self.committed.contains_key(&t.family) {
                 let current = self.dataplane.dump(t.family, TABLE)?;
                 self.committed.insert(t.family, Committed::Dumped(current));
             }
-            self.need_full = false;
         }
+        self.need_full = false;
         Ok(desired
             .iter()
             .flat_map(|t| {

@@ -3,7 +3,9 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use proptest::prelude::*;
 
 use super::*;
-use crate::mode::nftables::{LocalDetector, NftablesOptions, NodePortAddresses, desired_tables};
+use crate::mode::nftables::{
+    LocalDetector, NftablesOptions, NftablesRenderer, NodePortAddresses, TableDelta, desired_tables,
+};
 use crate::model::{
     ClusterState, Endpoint, IpFamily, NodeInfo, Protocol, ServicePort, ServicePortName,
     TrafficDistribution, TrafficPolicy,
@@ -199,37 +201,33 @@ proptest! {
     }
 }
 
+/// The services an operation touches, by the comments of its elements
+/// (`ns/svcN:port`); shared hairpin elements carry none.
 fn service_of(op: &Op) -> Vec<String> {
     let mut names = Vec::new();
-    let mut push = |s: &str| {
-        for svc in ["svc1", "svc2", "svc3"] {
-            if s.contains(&format!("/{svc}/")) || s.contains(&format!("ns/{svc}")) {
-                names.push(svc.to_string());
-            }
-        }
-    };
     match op {
-        Op::AddRule { rule, .. } => push(&rule.chain),
-        Op::FlushChain { name, .. }
-        | Op::DeleteChain { name, .. }
-        | Op::AddChain {
-            chain: kube_nlproxy_netlink::nft::Chain { name, .. },
-            ..
-        } => push(name),
-        Op::AddElements { elements, .. } | Op::DeleteElements { elements, .. } => {
+        Op::AddElements { elements, set, .. } | Op::DeleteElements { elements, set, .. } => {
             for e in elements {
-                if let Some(c) = e.verdict.as_ref().and_then(|v| v.chain()) {
-                    push(c);
+                let comment = e.comment.clone().unwrap_or_default();
+                for svc in ["svc1", "svc2", "svc3"] {
+                    if comment.starts_with(&format!("ns/{svc}"))
+                        && !names.contains(&svc.to_string())
+                    {
+                        names.push(svc.to_string());
+                    }
+                }
+                if set == "hairpin" && !names.contains(&"hairpin".to_string()) {
+                    names.push("hairpin".into());
                 }
             }
         }
-        _ => {}
+        other => names.push(format!("not an element operation: {other}")),
     }
     names
 }
 
 #[test]
-fn changing_one_endpoint_touches_only_that_service() {
+fn changing_one_endpoint_touches_only_that_services_elements() {
     let seed = |id, hosts: &[u8]| SvcSeed {
         id,
         v6: false,
@@ -246,42 +244,70 @@ fn changing_one_endpoint_touches_only_that_service() {
             .map(|h| (*h, true, true, true, false))
             .collect(),
     };
-    let before = vec![seed(1, &[1, 2]), seed(2, &[3, 4]), seed(3, &[5])];
-    let after = vec![seed(1, &[1, 2]), seed(2, &[3, 6]), seed(3, &[5])];
-    let mut syncer = Syncer::new(FakeKernel::default());
-    syncer
-        .sync(&desired_tables(&state_of(&before), &opts()))
-        .unwrap();
-    let ops = syncer
-        .plan(&desired_tables(&state_of(&after), &opts()))
-        .unwrap();
-    assert!(!ops.is_empty());
-    for op in &ops {
-        let touched = service_of(op);
-        assert_eq!(
-            touched,
-            vec!["svc2".to_string()],
-            "op touches more than svc2: {op}"
-        );
-    }
-    // Removing svc3 deletes its chains (after flushing) and map elements only.
+    let before = vec![seed(1, &[1, 2]), seed(2, &[3, 4]), seed(3, &[5, 7])];
+    let after = vec![seed(1, &[1, 2]), seed(2, &[3, 6]), seed(3, &[5, 7])];
     let removed = vec![seed(1, &[1, 2]), seed(2, &[3, 6])];
+    // Both paths: the read-back diff (plan) and the renderer's delta.
+    let mut syncer = Syncer::new(FakeKernel::default());
+    let mut renderer = NftablesRenderer::default();
+    let (deltas, _) = renderer.update(&state_of(&before), &opts());
     syncer
-        .sync(&desired_tables(&state_of(&after), &opts()))
+        .sync_incremental(&deltas, || renderer.tables())
         .unwrap();
-    let ops = syncer
-        .plan(&desired_tables(&state_of(&removed), &opts()))
-        .unwrap();
-    assert!(ops.iter().any(|op| matches!(op, Op::DeleteChain { .. })));
-    for op in &ops {
-        match op {
-            Op::DeleteElements { set, .. } if set == "cluster-ips" => {}
-            _ => assert_eq!(service_of(op), vec!["svc3".to_string()], "{op}"),
+    for (next, who) in [(&after, "svc2"), (&removed, "svc3")] {
+        let planned = syncer
+            .plan(&desired_tables(&state_of(next), &opts()))
+            .unwrap();
+        let (deltas, stats) = renderer.update(&state_of(next), &opts());
+        assert_eq!(stats.rendered, 1);
+        let delta: Vec<Op> = deltas.iter().flat_map(delta_ops).collect();
+        for ops in [&planned, &delta] {
+            assert!(!ops.is_empty());
+            for op in ops.iter() {
+                for touched in service_of(op) {
+                    assert!(touched == who || touched == "hairpin", "{op}");
+                }
+            }
+        }
+        let outcome = syncer
+            .sync_incremental(&deltas, || renderer.tables())
+            .unwrap();
+        assert!(!outcome.full);
+        assert_eq!(outcome.ops, op_counts(&delta));
+        let dumped = kernel_tables(&mut syncer.dataplane);
+        for (t, d) in desired_tables(&state_of(next), &opts()).iter().zip(dumped) {
+            assert_eq!(Some(TableSnapshot::from_spec(t)), d);
         }
     }
-    syncer
-        .sync(&desired_tables(&state_of(&removed), &opts()))
-        .unwrap();
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Any sequence of cluster states through the renderer's deltas: the (fake)
+    /// kernel accepts every one and ends holding exactly a fresh build's tables;
+    /// an update with nothing changed sends nothing.
+    #[test]
+    fn incremental_syncs_equal_fresh_builds(
+        states in prop::collection::vec(prop::collection::vec(svc_seed(), 0..6), 1..6)
+    ) {
+        let mut syncer = Syncer::new(FakeKernel::default());
+        let mut renderer = NftablesRenderer::default();
+        for seeds in &states {
+            let state = state_of(seeds);
+            let (deltas, _) = renderer.update(&state, &opts());
+            syncer.sync_incremental(&deltas, || renderer.tables()).unwrap();
+            let dumped = kernel_tables(&mut syncer.dataplane);
+            for (t, d) in desired_tables(&state, &opts()).iter().zip(dumped) {
+                prop_assert_eq!(Some(TableSnapshot::from_spec(t)), d);
+            }
+            let (deltas, stats) = renderer.update(&state, &opts());
+            prop_assert_eq!(stats.rendered, 0);
+            prop_assert!(deltas.iter().all(TableDelta::is_empty));
+            let outcome = syncer.sync_incremental(&deltas, || renderer.tables()).unwrap();
+            prop_assert!(outcome.ops.is_empty());
+        }
+    }
 }
 
 #[test]

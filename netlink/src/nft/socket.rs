@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::io;
 use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
 
 use netlink_sys::{Socket, protocols::NETLINK_NETFILTER};
 
@@ -310,6 +311,24 @@ pub struct TableState {
     pub rules: BTreeMap<String, Vec<RuleState>>,
 }
 
+/// What the last [`NftSocket::apply`] sent and how long the kernel took with it
+/// (all zero when that call had nothing to send).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ApplyStats {
+    /// Netlink messages of the batch, `BATCH_BEGIN` and `BATCH_END` included (the
+    /// generation request that fences the acks is not counted).
+    pub messages: usize,
+    /// Bytes of the batch.
+    pub bytes: usize,
+    /// From just before the batch's `sendmsg` until the reply that follows its
+    /// last ack has been received: nfnetlink validates and commits the batch
+    /// inside `sendmsg`, so this is the kernel's share of the apply (plus
+    /// reading the acks).
+    pub kernel: Duration,
+    /// The batch's `sendmsg` call alone (the synchronous validate + commit).
+    pub send: Duration,
+}
+
 /// A blocking nf_tables netlink socket.
 pub struct NftSocket {
     sock: Socket,
@@ -317,6 +336,7 @@ pub struct NftSocket {
     sent: u64,
     bufsize: usize,
     rbuf: Vec<u8>,
+    last_apply: ApplyStats,
 }
 
 impl fmt::Debug for NftSocket {
@@ -503,6 +523,7 @@ impl NftSocket {
             sent: 0,
             bufsize: 0,
             rbuf: Vec::with_capacity(RECV_BUF),
+            last_apply: ApplyStats::default(),
         };
         s.ensure_bufsize(MIN_SOCKBUF)?;
         Ok(s)
@@ -511,6 +532,12 @@ impl NftSocket {
     /// Netlink messages sent so far (batch markers and requests included).
     pub fn messages_sent(&self) -> u64 {
         self.sent
+    }
+
+    /// Messages, bytes and kernel time of the last [`apply`](Self::apply) call,
+    /// successful or rejected.
+    pub fn last_apply_stats(&self) -> ApplyStats {
+        self.last_apply
     }
 
     fn ensure_bufsize(&mut self, want: usize) -> Result<(), NftError> {
@@ -564,6 +591,7 @@ impl NftSocket {
 
     /// Apply `ops` as one atomic nf_tables transaction: all or nothing.
     pub fn apply(&mut self, ops: &[Op]) -> Result<(), NftError> {
+        self.last_apply = ApplyStats::default();
         if ops.is_empty() {
             return Ok(());
         }
@@ -582,7 +610,11 @@ impl NftSocket {
             bytes = buf.len(),
             "sending nf_tables batch"
         );
+        self.last_apply.messages = count;
+        self.last_apply.bytes = buf.len();
+        let started = Instant::now();
         self.send(&buf, count)?;
+        self.last_apply.send = started.elapsed();
 
         // Fence: the GETGEN reply arrives after every error the batch produced.
         let fence = self.send_getgen()?;
@@ -627,6 +659,7 @@ impl NftSocket {
                 break;
             }
         }
+        self.last_apply.kernel = started.elapsed();
         match first_err {
             None => Ok(()),
             Some((seq, errno, message)) => {
