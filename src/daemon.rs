@@ -12,18 +12,18 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::config::Config;
 use crate::mode::nftables::{NftablesOptions, NftablesRenderer, NodePortAddresses};
-use crate::model::{ClusterState, IpFamily, TrafficPolicy, categorize_endpoints};
-use crate::proxier::{ProxierError, build_state_quiet, nftables_options};
+use crate::model::{
+    ClusterState, IpFamily, ModelTracker, ModelUpdate, ServicePortName, TrafficPolicy,
+    categorize_endpoints,
+};
+use crate::proxier::{ProxierError, build_options, nftables_options};
 use crate::serve::{
     self, Metrics, NodeEligibility, ProxyHealth, ServiceHealthServer, TrafficPolicy as Policy,
 };
-use crate::source::{ObjectSource, Objects};
+use crate::source::{ObjectChanges, ObjectSource, Objects};
 use crate::sync::conntrack::{StaleFlow, stale_flows};
 use crate::sync::runner::{BoundedFrequencyRunner, RunReason};
 use crate::sync::{NetlinkDataplane, Syncer};
-
-/// EndpointSlice annotation with the time of the change that caused it.
-const TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-trigger-time";
 
 /// A proxy mode as the daemon drives it: program a cluster state, report what was
 /// sent.
@@ -32,12 +32,14 @@ pub trait Backend {
     fn mode(&self) -> &'static str;
     /// Brings the kernel to `state`; returns operation counts by kind (empty:
     /// nothing was sent). `opts` are the flags resolved against the node, once per
-    /// sync by the daemon.
+    /// sync by the daemon. `changed`: the only service ports that changed since
+    /// the last call (`None`: anything may have).
     fn sync(
         &mut self,
         cfg: &Config,
         state: &ClusterState,
         opts: &NftablesOptions,
+        changed: Option<&[ServicePortName]>,
     ) -> Result<BTreeMap<&'static str, usize>, ProxierError>;
     /// Makes the next sync read the kernel back.
     fn request_full_sync(&mut self);
@@ -77,8 +79,12 @@ impl Backend for NftablesBackend {
         _cfg: &Config,
         state: &ClusterState,
         opts: &NftablesOptions,
+        changed: Option<&[ServicePortName]>,
     ) -> Result<BTreeMap<&'static str, usize>, ProxierError> {
-        let (deltas, stats) = self.renderer.update(state, opts);
+        let (deltas, stats) = match changed {
+            Some(changed) => self.renderer.update_changed(state, opts, changed),
+            None => self.renderer.update(state, opts),
+        };
         for conflict in &stats.conflicts {
             tracing::warn!("conflicting services: {conflict}");
         }
@@ -111,90 +117,229 @@ struct Daemon<'a> {
     health: Arc<ProxyHealth>,
     metrics: Arc<Metrics>,
     service_health: Option<ServiceHealthServer>,
-    /// Cluster state of the last successful sync.
-    committed: Option<ClusterState>,
-    /// The objects of the last successful sync, to count changes and find the
-    /// EndpointSlices whose trigger time is new.
-    previous: Objects,
-    /// Warnings of the last build, so a periodic sync does not repeat them.
-    last_warnings: BTreeSet<String>,
+    /// The cluster state, kept object by object.
+    tracker: ModelTracker,
+    /// What the last failed syncs changed, to hand on to the next one.
+    pending: Option<ModelUpdate>,
+    /// Health-check node ports and local-endpoint counts, per service port.
+    health_index: HealthIndex,
+    /// For a source that does not track changes: its last snapshot, to diff.
+    last_snapshot: Option<Objects>,
     netlink_messages: u64,
 }
 
-/// `namespace/name` of the objects that differ between `before` and `after`
-/// (added, changed or removed). Objects compare by content; the sources strip
-/// bookkeeping fields (resourceVersion, managedFields) already.
-fn changed_keys<T: PartialEq>(
-    before: &[T],
-    after: &[T],
-    meta: impl Fn(&T) -> &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
-) -> Vec<String> {
-    let key = |o: &T| {
-        let m = meta(o);
-        format!(
-            "{}/{}",
-            m.namespace.as_deref().unwrap_or(""),
-            m.name.as_deref().unwrap_or("")
-        )
-    };
-    let mut old: HashMap<String, &T> = before.iter().map(|o| (key(o), o)).collect();
-    let mut out = Vec::new();
-    for o in after {
-        let k = key(o);
-        match old.remove(&k) {
-            Some(p) if p == o => {}
-            _ => out.push(k),
+/// What the health side channels need of one service port.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct HealthEntry {
+    /// No local endpoint while iTP Local / eTP Local (for the metrics).
+    no_local_internal: bool,
+    no_local_external: bool,
+    /// `healthCheckNodePort` of an eTP Local service and its ready local endpoints.
+    check: Option<HealthCheck>,
+}
+
+/// A `healthCheckNodePort` and the ready local endpoint addresses behind it.
+type HealthCheck = (u16, BTreeSet<IpAddr>);
+
+/// [`HealthEntry`] per service port, with the totals kept as entries change.
+#[derive(Debug, Default)]
+struct HealthIndex {
+    entries: HashMap<(ServicePortName, IpFamily), HealthEntry>,
+    no_local: BTreeMap<(IpFamily, Policy), u64>,
+    /// Entries with a health-check port, by service.
+    checks: BTreeMap<(String, String), BTreeMap<(ServicePortName, IpFamily), HealthCheck>>,
+}
+
+impl HealthIndex {
+    fn entry_of(state: &ClusterState, key: &(ServicePortName, IpFamily)) -> Option<HealthEntry> {
+        let svc = state.services.get(key)?;
+        let endpoints = state
+            .endpoints
+            .get(&key.0)
+            .map(Vec::as_slice)
+            .unwrap_or(&[]);
+        let cat = categorize_endpoints(endpoints, svc, &state.node);
+        let no_local = cat.has_any_endpoints && cat.local.is_empty();
+        Some(HealthEntry {
+            no_local_internal: no_local && svc.internal_policy == TrafficPolicy::Local,
+            no_local_external: no_local && svc.external_policy_local(),
+            check: svc
+                .health_check_node_port
+                .filter(|_| svc.external_policy_local())
+                .map(|port| {
+                    let ips = endpoints
+                        .iter()
+                        .filter(|e| e.is_local && e.ready)
+                        .map(|e| e.ip)
+                        .collect();
+                    (port, ips)
+                }),
+        })
+    }
+
+    fn count(&mut self, key: &(ServicePortName, IpFamily), entry: &HealthEntry, add: bool) {
+        for (on, policy) in [
+            (entry.no_local_internal, Policy::Internal),
+            (entry.no_local_external, Policy::External),
+        ] {
+            if on {
+                let n = self.no_local.entry((key.1, policy)).or_default();
+                *n = if add { *n + 1 } else { n.saturating_sub(1) };
+            }
+        }
+        let service = (key.0.namespace.clone(), key.0.name.clone());
+        if let Some(check) = &entry.check {
+            let ports = self.checks.entry(service.clone()).or_default();
+            if add {
+                ports.insert(key.clone(), check.clone());
+            } else {
+                ports.remove(key);
+            }
+            if ports.is_empty() {
+                self.checks.remove(&service);
+            }
         }
     }
-    out.extend(old.into_keys());
+
+    /// Re-reads `changed` (every port when `all`) from `state`; returns whether
+    /// anything changed.
+    fn update(&mut self, state: &ClusterState, changed: &[ServicePortName], all: bool) -> bool {
+        let keys: Vec<(ServicePortName, IpFamily)> = if all {
+            let mut keys: BTreeSet<(ServicePortName, IpFamily)> =
+                self.entries.keys().cloned().collect();
+            keys.extend(state.services.keys().cloned());
+            keys.into_iter().collect()
+        } else {
+            changed
+                .iter()
+                .flat_map(|n| IpFamily::ALL.map(|f| (n.clone(), f)))
+                .collect()
+        };
+        let mut any = false;
+        for key in keys {
+            let new = Self::entry_of(state, &key);
+            let old = self.entries.get(&key).cloned();
+            if old == new {
+                continue;
+            }
+            any = true;
+            if let Some(old) = old {
+                self.count(&key, &old, false);
+                self.entries.remove(&key);
+            }
+            if let Some(new) = new {
+                self.count(&key, &new, true);
+                self.entries.insert(key, new);
+            }
+        }
+        any
+    }
+}
+
+/// `namespace/name` of each object in `changes`.
+fn keys<T>(changes: &[((String, String), Option<T>)]) -> BTreeSet<String> {
+    changes
+        .iter()
+        .map(|((ns, name), _)| format!("{ns}/{name}"))
+        .collect()
+}
+
+/// The service ports in `changed`, as they are in `state` (for a stale-flow
+/// comparison with the same ports before).
+fn restricted(state: &ClusterState, changed: &[ServicePortName]) -> ClusterState {
+    let mut out = ClusterState {
+        node: state.node.clone(),
+        ..ClusterState::default()
+    };
+    for name in changed {
+        for family in IpFamily::ALL {
+            let key = (name.clone(), family);
+            if let Some(svc) = state.services.get(&key) {
+                out.services.insert(key, svc.clone());
+            }
+        }
+        if let Some(eps) = state.endpoints.get(name) {
+            out.endpoints.insert(name.clone(), eps.clone());
+        }
+    }
     out
 }
 
+/// Merges what a later update changed into an earlier one that was not synced.
+fn merge_updates(mut earlier: ModelUpdate, later: ModelUpdate) -> ModelUpdate {
+    earlier.changed.extend(later.changed);
+    earlier.changed.sort();
+    earlier.changed.dedup();
+    earlier.node_changed |= later.node_changed;
+    for (k, v) in later.before.services {
+        earlier.before.services.entry(k).or_insert(v);
+    }
+    for (k, v) in later.before.endpoints {
+        earlier.before.endpoints.entry(k).or_insert(v);
+    }
+    earlier
+}
+
 impl Daemon<'_> {
-    /// One sync of `objects`; updates health, metrics, health-check ports and
-    /// conntrack. Returns whether it succeeded.
-    async fn sync(&mut self, snapshot: Objects) -> bool {
-        let objects = &snapshot;
+    /// The changes of `source` since the last sync: tracked by the source, or
+    /// the difference of two snapshots.
+    fn changes_of(&mut self, source: &dyn ObjectSource) -> ObjectChanges {
+        if let Some(changes) = source.take_changes() {
+            return changes;
+        }
+        let now = source.snapshot();
+        let changes = match &self.last_snapshot {
+            Some(before) => ObjectChanges::between(before, &now),
+            None => ObjectChanges::everything(now.clone()),
+        };
+        self.last_snapshot = Some(now);
+        changes
+    }
+
+    /// One sync of `changes`; updates health, metrics, health-check ports and
+    /// conntrack. Returns whether it succeeded. O(changed objects) but for the
+    /// kernel read-back a periodic or failed sync asks for.
+    async fn sync(&mut self, changes: ObjectChanges) -> bool {
         let started = Instant::now();
-        let (state, warnings) = build_state_quiet(self.cfg, objects);
-        let warnings: BTreeSet<String> = warnings.into_iter().collect();
-        for w in warnings.difference(&self.last_warnings) {
+        let changed_slices = keys(&changes.endpoint_slices);
+        self.metrics
+            .set_service_changes_pending(changes.services.len() as u64);
+        self.metrics
+            .set_endpoint_changes_pending(changes.endpoint_slices.len() as u64);
+        let update = self.tracker.apply(changes);
+        for w in &update.new_warnings {
             tracing::warn!("skipped: {w}");
         }
-        self.last_warnings = warnings;
+        let update = match self.pending.take() {
+            Some(earlier) => merge_updates(earlier, update),
+            None => update,
+        };
+        let state = self.tracker.state();
 
-        let changed_services =
-            changed_keys(&self.previous.services, &objects.services, |s| &s.metadata);
-        let changed_slices = changed_keys(
-            &self.previous.endpoint_slices,
-            &objects.endpoint_slices,
-            |s| &s.metadata,
-        );
-        self.metrics
-            .set_service_changes_pending(changed_services.len() as u64);
-        self.metrics
-            .set_endpoint_changes_pending(changed_slices.len() as u64);
-
-        let node = objects
-            .nodes
+        let node = self
+            .tracker
+            .nodes()
             .iter()
             .find(|n| n.metadata.name.as_deref() == Some(state.node.name.as_str()));
         self.health.set_node(node.map(NodeEligibility::of));
 
-        let opts = match nftables_options(self.cfg, &state) {
+        let opts = match nftables_options(self.cfg, state) {
             Ok(opts) => opts,
             Err(e) => {
                 tracing::error!("sync failed: {e}");
                 self.metrics.inc_sync_failures();
+                self.pending = Some(update);
                 return false;
             }
         };
-        let ops = match self.backend.sync(self.cfg, &state, &opts) {
+        let changed = (!update.node_changed).then_some(update.changed.as_slice());
+        let ops = match self.backend.sync(self.cfg, state, &opts, changed) {
             Ok(ops) => ops,
             Err(e) => {
                 tracing::error!("sync failed, the next one reads the kernel back: {e}");
                 self.backend.request_full_sync();
                 self.metrics.inc_sync_failures();
+                self.pending = Some(update);
                 return false;
             }
         };
@@ -202,17 +347,27 @@ impl Daemon<'_> {
         if ops.is_empty() {
             tracing::debug!(?elapsed, "sync: kernel already up to date");
         } else {
-            tracing::info!(?elapsed, ?ops, "sync: committed");
+            tracing::info!(
+                ?elapsed,
+                ?ops,
+                changed = update.changed.len(),
+                "sync: committed"
+            );
         }
-        self.record_success(&ops, elapsed, objects, &changed_slices);
+        self.record_success(&ops, elapsed, &changed_slices);
 
-        self.update_service_health(&state, &opts.nodeport_addresses)
-            .await;
-        if let Some(prev) = &self.committed {
-            clear_stale_conntrack(&stale_flows(prev, &state), &self.metrics);
+        let state = self.tracker.state();
+        if self
+            .health_index
+            .update(state, &update.changed, update.node_changed)
+            || self.service_health.is_none()
+        {
+            self.update_service_health(&opts.nodeport_addresses).await;
         }
-        self.committed = Some(state);
-        self.previous = snapshot;
+        if !update.changed.is_empty() {
+            let now = restricted(self.tracker.state(), &update.changed);
+            clear_stale_conntrack(&stale_flows(&update.before, &now), &self.metrics);
+        }
         true
     }
 
@@ -220,8 +375,7 @@ impl Daemon<'_> {
         &mut self,
         ops: &BTreeMap<&'static str, usize>,
         elapsed: Duration,
-        objects: &Objects,
-        changed_slices: &[String],
+        changed_slices: &BTreeSet<String>,
     ) {
         self.health.updated();
         self.metrics.observe_sync_duration(elapsed);
@@ -237,24 +391,11 @@ impl Daemon<'_> {
         // Network programming latency: from the change that caused an
         // EndpointSlice update (its trigger-time annotation) to now.
         let now = SystemTime::now();
-        let changed: BTreeSet<&String> = changed_slices.iter().collect();
-        for slice in &objects.endpoint_slices {
-            let key = format!(
-                "{}/{}",
-                slice.metadata.namespace.as_deref().unwrap_or(""),
-                slice.metadata.name.as_deref().unwrap_or("")
-            );
-            if !changed.contains(&key) {
-                continue;
-            }
-            let Some(t) = slice
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(TRIGGER_TIME))
-                .and_then(|s| {
-                    serde_json::from_value::<Time>(serde_json::Value::String(s.clone())).ok()
-                })
+        for key in changed_slices {
+            let Some(t) = self
+                .tracker
+                .trigger_time(key)
+                .and_then(|s| serde_json::from_value::<Time>(serde_json::Value::String(s)).ok())
             else {
                 continue;
             };
@@ -267,42 +408,28 @@ impl Daemon<'_> {
     }
 
     /// Health-check node ports of eTP Local services, and the per-policy count of
-    /// services without local endpoints.
-    async fn update_service_health(&mut self, state: &ClusterState, nodeports: &NodePortAddresses) {
-        let mut ports = BTreeMap::new();
-        let mut local_ips: BTreeMap<(String, String), BTreeSet<IpAddr>> = BTreeMap::new();
-        let mut no_local: BTreeMap<(IpFamily, Policy), u64> = BTreeMap::new();
-        for ((name, family), svc) in &state.services {
-            let key = (name.namespace.clone(), name.name.clone());
-            let endpoints = state.endpoints.get(name).map(Vec::as_slice).unwrap_or(&[]);
-            let cat = categorize_endpoints(endpoints, svc, &state.node);
-            if cat.has_any_endpoints && cat.local.is_empty() {
-                if svc.internal_policy == TrafficPolicy::Local {
-                    *no_local.entry((*family, Policy::Internal)).or_default() += 1;
-                }
-                if svc.external_policy_local() {
-                    *no_local.entry((*family, Policy::External)).or_default() += 1;
-                }
-            }
-            if let Some(port) = svc
-                .health_check_node_port
-                .filter(|_| svc.external_policy_local())
-            {
-                ports.insert(key.clone(), port);
-                let ips = local_ips.entry(key).or_default();
-                ips.extend(
-                    endpoints
-                        .iter()
-                        .filter(|e| e.is_local && e.ready)
-                        .map(|e| e.ip),
-                );
-            }
-        }
+    /// services without local endpoints, from the health index.
+    async fn update_service_health(&mut self, nodeports: &NodePortAddresses) {
         for family in IpFamily::ALL {
             for policy in [Policy::Internal, Policy::External] {
-                let n = no_local.get(&(family, policy)).copied().unwrap_or(0);
+                let n = self
+                    .health_index
+                    .no_local
+                    .get(&(family, policy))
+                    .copied()
+                    .unwrap_or(0);
                 self.metrics.set_no_local_endpoints(family, policy, n);
             }
+        }
+        let mut ports = BTreeMap::new();
+        let mut local_ips: BTreeMap<(String, String), usize> = BTreeMap::new();
+        for (service, checks) in &self.health_index.checks {
+            let mut ips = BTreeSet::new();
+            for (port, local) in checks.values() {
+                ports.insert(service.clone(), *port);
+                ips.extend(local.iter().copied());
+            }
+            local_ips.insert(service.clone(), ips.len());
         }
         if self.service_health.is_none() {
             let bind = match nodeports {
@@ -313,12 +440,7 @@ impl Daemon<'_> {
         }
         let server = self.service_health.as_ref().expect("created above");
         server.sync_services(ports).await;
-        server.sync_endpoints(
-            local_ips
-                .into_iter()
-                .map(|(k, ips)| (k, ips.len()))
-                .collect(),
-        );
+        server.sync_endpoints(local_ips);
     }
 }
 
@@ -406,9 +528,10 @@ pub async fn run(
         health: health.clone(),
         metrics: metrics.clone(),
         service_health: None,
-        committed: None,
-        previous: Objects::default(),
-        last_warnings: BTreeSet::new(),
+        tracker: ModelTracker::new(build_options(cfg)),
+        pending: None,
+        health_index: HealthIndex::default(),
+        last_snapshot: None,
         netlink_messages: 0,
     };
     let mut changes = source.subscribe();
@@ -434,7 +557,8 @@ pub async fn run(
                 // Read the kernel back: repairs drift nobody told us about.
                 daemon.backend.request_full_sync();
             }
-            let ok = daemon.sync(source.snapshot()).await;
+            let changes = daemon.changes_of(source);
+            let ok = daemon.sync(changes).await;
             runner.ran(now, ok);
             continue;
         }

@@ -110,6 +110,8 @@ impl Backend for IpvsBackend {
         cfg: &Config,
         state: &ClusterState,
         opts: &NftablesOptions,
+        // The IPVS mode still builds and diffs everything on each sync.
+        _changed: Option<&[crate::model::ServicePortName]>,
     ) -> Result<BTreeMap<&'static str, usize>, ProxierError> {
         let opts = ipvs_options(cfg, opts.clone())?;
         let desired = desired_ipvs(state, &opts);

@@ -54,15 +54,17 @@ fn node_name(cfg: &Config) -> String {
     })
 }
 
+/// What the model needs of the flags.
+pub(crate) fn build_options(cfg: &Config) -> BuildOptions {
+    BuildOptions {
+        node_name: node_name(cfg),
+        node_ips_override: cfg.node_ips.clone(),
+    }
+}
+
 /// Builds the cluster state; returns the skipped objects and fields as messages.
 pub(crate) fn build_state_quiet(cfg: &Config, objects: &Objects) -> (ClusterState, Vec<String>) {
-    let (state, warnings) = build(
-        objects,
-        &BuildOptions {
-            node_name: node_name(cfg),
-            node_ips_override: cfg.node_ips.clone(),
-        },
-    );
+    let (state, warnings) = build(objects, &build_options(cfg));
     (state, warnings.iter().map(ToString::to_string).collect())
 }
 

@@ -82,6 +82,32 @@ fn port_u16(p: i32) -> Option<u16> {
     u16::try_from(p).ok().filter(|p| *p != 0)
 }
 
+/// An optional port field (`nodePort`, `healthCheckNodePort`): unset or 0 means none;
+/// out of 1..=65535 is a warning (`what` says what is lost) and none.
+fn optional_port(
+    value: Option<i32>,
+    warnings: &mut Vec<Warning>,
+    object: &str,
+    field: impl Into<String>,
+    what: &str,
+) -> Option<u16> {
+    match value {
+        None | Some(0) => None,
+        Some(p) => {
+            let port = port_u16(p);
+            if port.is_none() {
+                warn(
+                    warnings,
+                    object,
+                    field,
+                    format!("invalid port {p} (must be 1-65535), {what}"),
+                );
+            }
+            port
+        }
+    }
+}
+
 /// Build the cluster state from API objects. Never fails: invalid objects or fields
 /// are skipped and reported as warnings.
 pub fn build(objects: &Objects, opts: &BuildOptions) -> (ClusterState, Vec<Warning>) {
@@ -101,8 +127,17 @@ pub fn build(objects: &Objects, opts: &BuildOptions) -> (ClusterState, Vec<Warni
     state.endpoints.retain(|name, _| known.contains(name));
 
     state.node = node_info(&objects.nodes, opts, &mut warnings);
+    state.service_cidrs = service_cidrs(&objects.service_cidrs, &mut warnings);
+    (state, warnings)
+}
 
-    for cidr in &objects.service_cidrs {
+/// `spec.cidrs` of every ServiceCIDR.
+pub(super) fn service_cidrs(
+    objects: &[k8s_openapi::api::networking::v1::ServiceCIDR],
+    warnings: &mut Vec<Warning>,
+) -> Vec<ipnet::IpNet> {
+    let mut out = Vec::new();
+    for cidr in objects {
         let object = format!(
             "ServiceCIDR {}",
             cidr.metadata.name.as_deref().unwrap_or("")
@@ -110,9 +145,9 @@ pub fn build(objects: &Objects, opts: &BuildOptions) -> (ClusterState, Vec<Warni
         let cidrs = cidr.spec.as_ref().and_then(|s| s.cidrs.as_ref());
         for (i, c) in cidrs.into_iter().flatten().enumerate() {
             match parse_cidr_sloppy(c) {
-                Some(net) => state.service_cidrs.push(net),
+                Some(net) => out.push(net),
                 None => warn(
-                    &mut warnings,
+                    warnings,
                     &object,
                     format!("spec.cidrs[{i}]"),
                     format!("invalid CIDR {c:?}, ignored"),
@@ -120,7 +155,7 @@ pub fn build(objects: &Objects, opts: &BuildOptions) -> (ClusterState, Vec<Warni
             }
         }
     }
-    (state, warnings)
+    out
 }
 
 /// Upstream `GetClusterIPByFamily` + `ShouldSkipService`, with warnings.
@@ -167,7 +202,7 @@ fn cluster_ips(svc: &Service, object: &str, warnings: &mut Vec<Warning>) -> Opti
 }
 
 /// All service ports of one Service (one per port and family).
-fn service_ports(svc: &Service, warnings: &mut Vec<Warning>) -> Vec<ServicePort> {
+pub(super) fn service_ports(svc: &Service, warnings: &mut Vec<Warning>) -> Vec<ServicePort> {
     let namespace = svc
         .metadata
         .namespace
@@ -270,7 +305,13 @@ fn service_ports(svc: &Service, warnings: &mut Vec<Warning>) -> Vec<ServicePort>
         });
     let health_check_node_port =
         if type_ == "LoadBalancer" && spec.external_traffic_policy.as_deref() == Some("Local") {
-            spec.health_check_node_port.and_then(port_u16)
+            optional_port(
+                spec.health_check_node_port,
+                warnings,
+                &object,
+                "spec.healthCheckNodePort",
+                "no health check server for it",
+            )
         } else {
             None
         };
@@ -304,6 +345,12 @@ fn service_ports(svc: &Service, warnings: &mut Vec<Warning>) -> Vec<ServicePort>
         });
 
     let mut out = Vec::new();
+    // The apiserver rejects a whole Service with a duplicate port name or a port
+    // number out of range, so upstream kube-proxy never sees one. From a file we
+    // keep what can be served: the bad port is skipped, or only its nodePort, and
+    // the rest of the Service is programmed. Names are unique among the ports kept
+    // (the first wins), whatever their protocol, as the apiserver requires.
+    let mut port_names: HashMap<&str, usize> = HashMap::new();
     for (i, port) in spec.ports.iter().flatten().enumerate() {
         let Some(protocol) = parse_protocol(port.protocol.as_deref()) else {
             warn(
@@ -322,12 +369,40 @@ fn service_ports(svc: &Service, warnings: &mut Vec<Warning>) -> Vec<ServicePort>
                 warnings,
                 &object,
                 format!("spec.ports[{i}].port"),
-                format!("invalid port {}, port skipped", port.port),
+                format!("invalid port {} (must be 1-65535), port skipped", port.port),
             );
             continue;
         };
+        let port_name = port.name.as_deref().unwrap_or("");
+        if let Some(first) = port_names.get(port_name) {
+            warn(
+                warnings,
+                &object,
+                format!("spec.ports[{i}].name"),
+                if port_name.is_empty() {
+                    format!(
+                        "a second unnamed port (also spec.ports[{first}]); ports must be named when there are several, port skipped"
+                    )
+                } else {
+                    format!(
+                        "duplicate port name {port_name:?} (also spec.ports[{first}]), port skipped"
+                    )
+                },
+            );
+            continue;
+        }
+        port_names.insert(port_name, i);
+        // Unset or 0 is "no node port" (`allocateLoadBalancerNodePorts: false`). One
+        // out of range loses only the node port: the cluster IP, external IPs and
+        // load balancer IPs of this port still work.
         let node_port = if node_port_type {
-            port.node_port.and_then(port_u16)
+            optional_port(
+                port.node_port,
+                warnings,
+                &object,
+                format!("spec.ports[{i}].nodePort"),
+                "node port not served",
+            )
         } else {
             None
         };
@@ -368,19 +443,31 @@ fn service_ports(svc: &Service, warnings: &mut Vec<Warning>) -> Vec<ServicePort>
 /// Merge all EndpointSlices into endpoints per service port name, like upstream's
 /// endpointslicecache: the key uses the slice port's name and protocol, the first
 /// endpoint for an `ip:port` wins unless a later one is local.
-fn endpoints(
+pub(super) fn endpoints(
     slices: &[EndpointSlice],
     node_name: &str,
     warnings: &mut Vec<Warning>,
 ) -> BTreeMap<ServicePortName, Vec<Endpoint>> {
     // Deterministic order: by namespace, service, slice name.
-    let mut ordered: Vec<(&str, &str, &EndpointSlice)> = Vec::new();
+    let mut ordered: Vec<(&str, &str, IpFamily, &EndpointSlice)> = Vec::new();
     for slice in slices {
         let ns = slice.metadata.namespace.as_deref().unwrap_or("default");
         let slice_name = slice.metadata.name.as_deref().unwrap_or("");
-        if slice.address_type == "FQDN" {
-            continue;
-        }
+        let family = match slice.address_type.as_str() {
+            "IPv4" => IpFamily::V4,
+            "IPv6" => IpFamily::V6,
+            // Not proxied, as upstream.
+            "FQDN" => continue,
+            other => {
+                warn(
+                    warnings,
+                    &format!("EndpointSlice {ns}/{slice_name}"),
+                    "addressType",
+                    format!("unknown address type {other:?} (IPv4, IPv6 or FQDN), slice ignored"),
+                );
+                continue;
+            }
+        };
         let svc = slice
             .metadata
             .labels
@@ -397,19 +484,55 @@ fn endpoints(
             );
             continue;
         };
-        ordered.push((ns, svc, slice));
+        ordered.push((ns, svc, family, slice));
     }
     ordered.sort_by(|a, b| {
-        (a.0, a.1, a.2.metadata.name.as_deref()).cmp(&(b.0, b.1, b.2.metadata.name.as_deref()))
+        (a.0, a.1, a.3.metadata.name.as_deref()).cmp(&(b.0, b.1, b.3.metadata.name.as_deref()))
     });
 
     let mut out: BTreeMap<ServicePortName, Vec<Endpoint>> = BTreeMap::new();
     let mut index: HashMap<ServicePortName, HashMap<(IpAddr, u16), usize>> = HashMap::new();
-    for (ns, svc, slice) in ordered {
+    for (ns, svc, family, slice) in ordered {
         let object = format!(
             "EndpointSlice {ns}/{}",
             slice.metadata.name.as_deref().unwrap_or("")
         );
+        // Each endpoint's address, checked once for all ports. Upstream's apiserver
+        // rejects a slice with an invalid address or one of the other family, and
+        // upstream's proxier of one family never sees the other family's slices;
+        // here only the bad endpoint is dropped.
+        let mut ips = Vec::with_capacity(slice.endpoints.len());
+        for (ei, ep) in slice.endpoints.iter().enumerate() {
+            let field = || format!("endpoints[{ei}].addresses[0]");
+            let ip = match ep.addresses.first() {
+                None => None,
+                Some(addr) => match parse_ip_sloppy(addr) {
+                    Some(ip) if IpFamily::of(&ip) == family => Some(ip),
+                    Some(_) => {
+                        warn(
+                            warnings,
+                            &object,
+                            field(),
+                            format!(
+                                "address {addr:?} is not of the slice's addressType {}, endpoint ignored",
+                                slice.address_type
+                            ),
+                        );
+                        None
+                    }
+                    None => {
+                        warn(
+                            warnings,
+                            &object,
+                            field(),
+                            format!("invalid IP {addr:?}, endpoint ignored"),
+                        );
+                        None
+                    }
+                },
+            };
+            ips.push(ip);
+        }
         for (pi, port) in slice.ports.iter().flatten().enumerate() {
             let Some(port_number) = port.port else {
                 continue;
@@ -419,7 +542,7 @@ fn endpoints(
                     warnings,
                     &object,
                     format!("ports[{pi}].port"),
-                    format!("invalid port {port_number}, ignored"),
+                    format!("invalid port {port_number} (must be 1-65535), ignored"),
                 );
                 continue;
             };
@@ -443,19 +566,8 @@ fn endpoints(
             };
             let list = out.entry(spn.clone()).or_default();
             let seen = index.entry(spn).or_default();
-            for (ei, ep) in slice.endpoints.iter().enumerate() {
-                let Some(addr) = ep.addresses.first() else {
-                    continue;
-                };
-                let Some(ip) = parse_ip_sloppy(addr) else {
-                    if pi == 0 {
-                        warn(
-                            warnings,
-                            &object,
-                            format!("endpoints[{ei}].addresses[0]"),
-                            format!("invalid IP {addr:?}, endpoint ignored"),
-                        );
-                    }
+            for (ep, ip) in slice.endpoints.iter().zip(&ips) {
+                let Some(ip) = *ip else {
                     continue;
                 };
                 let cond = ep.conditions.as_ref();
@@ -523,7 +635,11 @@ fn node_host_ips(node: &Node) -> Vec<IpAddr> {
     out
 }
 
-fn node_info(nodes: &[Node], opts: &BuildOptions, warnings: &mut Vec<Warning>) -> NodeInfo {
+pub(super) fn node_info(
+    nodes: &[Node],
+    opts: &BuildOptions,
+    warnings: &mut Vec<Warning>,
+) -> NodeInfo {
     let mut info = NodeInfo {
         name: opts.node_name.clone(),
         ..NodeInfo::default()

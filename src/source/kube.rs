@@ -12,7 +12,7 @@
 //! has completed its first list; it then becomes 1 and is bumped once per event that
 //! changed the stored objects.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -31,7 +31,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-pub use super::Objects;
+pub use super::{ObjectChanges, Objects};
 
 /// Label selector of the Service and EndpointSlice watchers (the same as kube-proxy's):
 /// objects handled by another proxy, and headless ones, are never even listed.
@@ -186,6 +186,8 @@ struct KindState<K> {
     /// The current objects, without volatile metadata.
     objects: BTreeMap<Key, K>,
     phase: Phase<K>,
+    /// Keys whose object changed since the last `take_changes`.
+    dirty: BTreeSet<Key>,
 }
 
 impl<K: Resource + PartialEq> KindState<K> {
@@ -196,7 +198,22 @@ impl<K: Resource + PartialEq> KindState<K> {
             phase: Phase::Listing {
                 buffer: BTreeMap::new(),
             },
+            dirty: BTreeSet::new(),
         }
+    }
+
+    /// The changed objects since the last call (`None`: deleted), in key order.
+    fn take_dirty(&mut self) -> Vec<(Key, Option<K>)>
+    where
+        K: Clone,
+    {
+        std::mem::take(&mut self.dirty)
+            .into_iter()
+            .map(|k| {
+                let obj = self.objects.get(&k).cloned();
+                (k, obj)
+            })
+            .collect()
     }
 
     /// Whether the first list has completed (or the kind is not watched).
@@ -207,7 +224,7 @@ impl<K: Resource + PartialEq> KindState<K> {
     /// Applies one watcher event; returns whether the current objects changed.
     fn apply(&mut self, event: Event<K>) -> bool {
         let phase = std::mem::replace(&mut self.phase, Phase::Watching);
-        let (changed, next) = step(phase, &mut self.objects, event);
+        let (changed, next) = step(phase, &mut self.objects, event, &mut self.dirty);
         self.phase = next;
         changed
     }
@@ -219,6 +236,7 @@ fn step<K: Resource + PartialEq>(
     phase: Phase<K>,
     objects: &mut BTreeMap<Key, K>,
     event: Event<K>,
+    dirty: &mut BTreeSet<Key>,
 ) -> (bool, Phase<K>) {
     match (phase, event) {
         // A restarted first list starts over; a restart after that is a relist.
@@ -244,6 +262,19 @@ fn step<K: Resource + PartialEq>(
         }
         (Phase::Listing { buffer } | Phase::Relisting { buffer }, Event::InitDone) => {
             let changed = *objects != buffer;
+            if changed {
+                // What the relist changed: added, changed and missing keys.
+                for (k, o) in &buffer {
+                    if objects.get(k) != Some(o) {
+                        dirty.insert(k.clone());
+                    }
+                }
+                for k in objects.keys() {
+                    if !buffer.contains_key(k) {
+                        dirty.insert(k.clone());
+                    }
+                }
+            }
             *objects = buffer;
             (changed, Phase::Watching)
         }
@@ -254,11 +285,19 @@ fn step<K: Resource + PartialEq>(
             let key = key_of(&obj);
             let changed = objects.get(&key) != Some(&obj);
             if changed {
+                dirty.insert(key.clone());
                 objects.insert(key, obj);
             }
             (changed, phase)
         }
-        (phase, Event::Delete(obj)) => (objects.remove(&key_of(&obj)).is_some(), phase),
+        (phase, Event::Delete(obj)) => {
+            let key = key_of(&obj);
+            let changed = objects.remove(&key).is_some();
+            if changed {
+                dirty.insert(key);
+            }
+            (changed, phase)
+        }
     }
 }
 
@@ -397,6 +436,26 @@ impl KubeSource {
         }
     }
 
+    /// The objects changed since the last call (every object on the first call
+    /// after the initial lists), each kind in key order. O(changed objects).
+    pub fn take_changes(&self) -> ObjectChanges {
+        let mut stores = self.shared.lock();
+        let nodes = (!stores.nodes.dirty.is_empty()).then(|| {
+            stores.nodes.dirty.clear();
+            stores.nodes.objects.values().cloned().collect()
+        });
+        let service_cidrs = (!stores.service_cidrs.dirty.is_empty()).then(|| {
+            stores.service_cidrs.dirty.clear();
+            stores.service_cidrs.objects.values().cloned().collect()
+        });
+        ObjectChanges {
+            services: stores.services.take_dirty(),
+            endpoint_slices: stores.endpoint_slices.take_dirty(),
+            nodes,
+            service_cidrs,
+        }
+    }
+
     /// Whether every watcher has completed its first list.
     pub fn ready(&self) -> bool {
         self.shared.lock().ready()
@@ -491,6 +550,10 @@ impl super::ObjectSource for KubeSource {
 
     fn snapshot(&self) -> Objects {
         KubeSource::snapshot(self)
+    }
+
+    fn take_changes(&self) -> Option<ObjectChanges> {
+        Some(KubeSource::take_changes(self))
     }
 }
 
