@@ -1189,6 +1189,16 @@ fn skeleton_delta(old: &TableSpec, new: &TableSpec, delta: &mut TableDelta) {
     }
 }
 
+/// `RULE` matching traffic to an address NodePorts listen on: every local
+/// address but loopback, or those in `nodeport-ips`.
+fn to_nodeport_address(rule: RuleBuilder, all: bool, loopback: &IpNet) -> RuleBuilder {
+    if all {
+        rule.fib_daddr_local().daddr_not_in(loopback)
+    } else {
+        rule.in_set(&[KeyField::Daddr], &SetId::NodeportIps.name(), false)
+    }
+}
+
 /// Register `NFT_REG32_00 + n`.
 fn r(n: u32) -> Reg {
     Reg::r32(n)
@@ -1306,12 +1316,10 @@ fn skeleton(
         Family::Ipv6 => "::1/128".parse().expect("valid"),
     };
     // Traffic to an address NodePorts listen on.
-    let nodeport_ips = SetId::NodeportIps.name();
-    let to_nodeport_from = |rule: RuleBuilder| match opts.nodeport_addresses {
-        NodePortAddresses::All => rule.fib_daddr_local().daddr_not_in(&loopback),
-        NodePortAddresses::Ips(_) => rule.in_set(&daddr, &nodeport_ips, false),
-    };
-    let to_nodeport = || to_nodeport_from(b());
+    let all_nodeport_addresses = opts.nodeport_addresses == NodePortAddresses::All;
+    let to_nodeport_from =
+        |rule: RuleBuilder| to_nodeport_address(rule, all_nodeport_addresses, &loopback);
+    let to_nodeport = || to_nodeport_address(b(), all_nodeport_addresses, &loopback);
     if let NodePortAddresses::Ips(ips) = &opts.nodeport_addresses {
         for ip in ips.iter().filter(|ip| IpFamily::of(ip) == ip_family) {
             t.element(&SetId::NodeportIps.name(), vec![KeyValue::Addr(*ip)], None);
