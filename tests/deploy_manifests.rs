@@ -6,8 +6,7 @@
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
-use serde::Deserialize;
-use serde_yaml::Value;
+use serde_json::Value;
 
 use kube_nlproxy::config::{self, Command};
 
@@ -17,13 +16,13 @@ const MANIFEST: &str = include_str!("../deploy/kube-nlproxy.yaml");
 /// source when no field was lost.
 fn normalize(v: Value) -> Value {
     match v {
-        Value::Mapping(m) => Value::Mapping(
+        Value::Object(m) => Value::Object(
             m.into_iter()
                 .map(|(k, v)| (k, normalize(v)))
                 .filter(|(_, v)| !matches!(v, Value::Null))
                 .collect(),
         ),
-        Value::Sequence(s) => Value::Sequence(s.into_iter().map(normalize).collect()),
+        Value::Array(s) => Value::Array(s.into_iter().map(normalize).collect()),
         other => other,
     }
 }
@@ -32,8 +31,8 @@ fn typed<T>(doc: &Value) -> T
 where
     T: serde::de::DeserializeOwned + serde::Serialize,
 {
-    let obj: T = serde_yaml::from_value(doc.clone()).expect("parses into its type");
-    let back = normalize(serde_yaml::to_value(&obj).unwrap());
+    let obj: T = serde_json::from_value(doc.clone()).expect("parses into its type");
+    let back = normalize(serde_json::to_value(&obj).unwrap());
     assert_eq!(
         back,
         normalize(doc.clone()),
@@ -52,8 +51,10 @@ struct Docs {
 
 fn docs() -> Docs {
     let (mut ds, mut cm, mut role, mut binding, mut sa) = (None, None, None, None, None);
-    for doc in serde_yaml::Deserializer::from_str(MANIFEST) {
-        let v = Value::deserialize(doc).unwrap();
+    let options = serde_saphyr::options! { strict_booleans: true };
+    let documents: Vec<Value> =
+        serde_saphyr::from_multiple_with_options(MANIFEST, options).expect("valid YAML");
+    for v in documents {
         match v["kind"].as_str().unwrap() {
             "DaemonSet" => ds = Some(typed::<DaemonSet>(&v)),
             "ConfigMap" => cm = Some(typed::<ConfigMap>(&v)),

@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use serde_yaml::{Mapping, Value};
+use serde_json::{Map, Value};
 
 use super::{Config, DetectLocalMode, NodePortAddressesFlag, ProxyMode, parse_duration};
 
@@ -84,9 +84,9 @@ impl Reader<'_> {
             .push(format!("{path}: unknown field; ignored"));
     }
 
-    fn mapping<'v>(&mut self, path: &str, v: &'v Value) -> Option<&'v Mapping> {
+    fn mapping<'v>(&mut self, path: &str, v: &'v Value) -> Option<&'v Map<String, Value>> {
         match v {
-            Value::Mapping(m) => Some(m),
+            Value::Object(m) => Some(m),
             Value::Null => None,
             other => {
                 self.warnings.push(format!(
@@ -98,17 +98,77 @@ impl Reader<'_> {
     }
 }
 
-fn key(k: &Value) -> String {
-    match k {
-        Value::String(s) => s.clone(),
-        other => format!("{other:?}"),
+fn key(k: &str) -> String {
+    k.to_owned()
+}
+
+/// The top level of the file, in the order of the text: later fields override earlier
+/// ones (`mode` before `ipvs.syncPeriod` matters), as they did when the file was read.
+struct TopLevel(Vec<(String, Value)>);
+
+impl TopLevel {
+    fn get(&self, key: &str) -> Option<&Value> {
+        self.0.iter().find(|(k, _)| k == key).map(|(_, v)| v)
+    }
+
+    fn contains_key(&self, key: &str) -> bool {
+        self.get(key).is_some()
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for TopLevel {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Fields;
+        impl<'de> serde::de::Visitor<'de> for Fields {
+            type Value = TopLevel;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a KubeProxyConfiguration mapping")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<TopLevel, A::Error> {
+                let mut fields = Vec::new();
+                while let Some(entry) = map.next_entry::<String, Value>()? {
+                    fields.push(entry);
+                }
+                Ok(TopLevel(fields))
+            }
+        }
+        d.deserialize_any(Fields)
+    }
+}
+
+/// Limits for parsing a configuration file (a few KiB in practice): an alias bomb or
+/// a deeply nested file is an error, not an out-of-memory kill.
+fn yaml_options() -> serde_saphyr::Options {
+    serde_saphyr::options! {
+        budget: serde_saphyr::budget! {
+            max_depth: 32,
+            flow_nesting_limit: 32,
+            max_nodes: 100_000,
+            max_events: 200_000,
+            max_aliases: 1_000,
+            max_anchors: 1_000,
+            max_merge_keys: 100,
+            max_total_scalar_bytes: 1 << 20,
+            max_documents: 1,
+        },
+        alias_limits: serde_saphyr::alias_limits! {
+            max_total_replayed_events: 10_000,
+            max_replay_stack_depth: 16,
+        },
+        // YAML 1.2 booleans, as before: `yes`/`on` are strings, which gives a warning.
+        strict_booleans: true,
+        with_snippet: false,
     }
 }
 
 /// Applies the configuration in `text` on top of `cfg`.
 pub fn apply(text: &str, mut cfg: Config) -> Result<Config, String> {
-    let doc: Value = serde_yaml::from_str(text).map_err(|e| format!("not valid YAML: {e}"))?;
-    let Value::Mapping(top) = doc else {
+    let doc: Option<TopLevel> = serde_saphyr::from_str_with_options(text, yaml_options())
+        .map_err(|e| format!("not valid YAML: {e}"))?;
+    let Some(top) = doc else {
         return Err("expected a KubeProxyConfiguration mapping".into());
     };
     let api_version = top.get("apiVersion").and_then(Value::as_str).unwrap_or("");
@@ -122,7 +182,7 @@ pub fn apply(text: &str, mut cfg: Config) -> Result<Config, String> {
     let mut r = Reader {
         warnings: &mut warnings,
     };
-    for (k, v) in &top {
+    for (k, v) in &top.0 {
         let name = key(k);
         match name.as_str() {
             "apiVersion" | "kind" => {}
@@ -196,7 +256,7 @@ pub fn apply(text: &str, mut cfg: Config) -> Result<Config, String> {
                 }
             }
             "nodePortAddresses" => match v {
-                Value::Sequence(items) => {
+                Value::Array(items) => {
                     let mut cidrs = Vec::new();
                     let mut primary = false;
                     for (i, item) in items.iter().enumerate() {
@@ -521,5 +581,45 @@ bogusField: 1
         .unwrap();
         assert_eq!(cfg.sync_period, Duration::from_secs(30));
         assert_eq!(cfg.warnings.len(), 2, "{:?}", cfg.warnings);
+    }
+
+    #[test]
+    fn later_fields_see_earlier_ones_in_file_order() {
+        // `ipvs.syncPeriod` applies in ipvs mode; `mode` comes first in the text, and
+        // sorts after `ipvs`: the order of the text must be kept.
+        let cfg = apply(
+            "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: ipvs\nipvs: {syncPeriod: 7s}\n",
+            Config::default(),
+        )
+        .unwrap();
+        assert_eq!(cfg.mode, ProxyMode::Ipvs);
+        assert_eq!(cfg.sync_period, Duration::from_secs(7));
+        assert!(cfg.warnings.is_empty(), "{:?}", cfg.warnings);
+    }
+
+    #[test]
+    fn hostile_files_are_bounded_errors() {
+        let head = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n";
+        let mut bomb = format!("{head}featureGates:\n  a: &a [x, x, x, x, x, x, x, x, x, x]\n");
+        for (prev, next) in ["a", "b", "c", "d", "e", "f"]
+            .iter()
+            .zip(["b", "c", "d", "e", "f", "g"])
+        {
+            bomb += &format!(
+                "  {next}: &{next} [{}]\n",
+                vec![format!("*{prev}"); 10].join(", ")
+            );
+        }
+        let deep = format!("{head}featureGates: {}", "[".repeat(100_000));
+        let many = format!("{head}featureGates: [{}]\n", "x, ".repeat(200_000));
+        for text in [bomb, deep, many, format!("{head}---\n{head}")] {
+            let err = apply(&text, Config::default()).unwrap_err();
+            assert!(err.starts_with("not valid YAML: "), "{err}");
+        }
+        // A scalar or an empty file is not a configuration.
+        for text in ["", "just text", "[1, 2]"] {
+            let err = apply(text, Config::default()).unwrap_err();
+            assert!(err.contains("KubeProxyConfiguration"), "{text:?}: {err}");
+        }
     }
 }

@@ -363,3 +363,211 @@ spec: {cidrs: [10.96.0.0/12, "fd00:10::/108"]}
         }
     );
 }
+
+fn fields(w: &[Warning]) -> Vec<(&str, &str)> {
+    w.iter()
+        .map(|w| (w.object.as_str(), w.field.as_str()))
+        .collect()
+}
+
+#[test]
+fn node_port_out_of_range_keeps_the_cluster_ip() {
+    let y = svc(
+        "np",
+        "",
+        "  type: NodePort\n  clusterIP: 10.0.0.1\n  ports: [{name: a, port: 80, nodePort: 99999}, {name: b, port: 81, nodePort: -1}, {name: c, port: 82, nodePort: 30082}, {name: d, port: 83, nodePort: 0}]\n",
+    ) + &svc(
+        "hc",
+        "",
+        "  type: LoadBalancer\n  externalTrafficPolicy: Local\n  healthCheckNodePort: 65536\n  clusterIP: 10.0.0.2\n  ports: [{port: 80, nodePort: 30080}]\n",
+    );
+    let (state, w) = run(&y);
+    assert_eq!(
+        fields(&w),
+        [
+            ("Service ns/np", "spec.ports[0].nodePort"),
+            ("Service ns/np", "spec.ports[1].nodePort"),
+            ("Service ns/hc", "spec.healthCheckNodePort"),
+        ],
+        "{w:?}"
+    );
+    assert!(w[0].message.contains("99999"), "{}", w[0]);
+    for (port, number, node_port) in [("a", 80, None), ("b", 81, None), ("c", 82, Some(30082))] {
+        let sp = &state.services[&(spn("np", port, Protocol::Tcp), IpFamily::V4)];
+        assert_eq!(sp.cluster_ip, Some(ip("10.0.0.1")), "{port}");
+        assert_eq!((sp.port, sp.node_port), (number, node_port), "{port}");
+    }
+    // nodePort 0 is "not allocated", not an error.
+    assert_eq!(
+        state.services[&(spn("np", "d", Protocol::Tcp), IpFamily::V4)].node_port,
+        None
+    );
+    let hc = &state.services[&(spn("hc", "", Protocol::Tcp), IpFamily::V4)];
+    assert_eq!(
+        (hc.node_port, hc.health_check_node_port),
+        (Some(30080), None)
+    );
+}
+
+#[test]
+fn service_port_out_of_range_skips_only_that_port() {
+    let y = svc(
+        "p",
+        "",
+        "  clusterIP: 10.0.0.1\n  ports: [{name: zero, port: 0}, {name: big, port: 65536}, {name: neg, port: -80}, {name: ok, port: 65535}]\n",
+    );
+    let (state, w) = run(&y);
+    assert_eq!(
+        fields(&w),
+        [
+            ("Service ns/p", "spec.ports[0].port"),
+            ("Service ns/p", "spec.ports[1].port"),
+            ("Service ns/p", "spec.ports[2].port"),
+        ]
+    );
+    assert!(w[1].message.contains("65536"), "{}", w[1]);
+    let names: Vec<_> = state
+        .services
+        .keys()
+        .map(|(n, _)| n.port_name.as_str())
+        .collect();
+    assert_eq!(names, ["ok"]);
+}
+
+#[test]
+fn duplicate_port_names_keep_the_first() {
+    let y = svc(
+        "dup",
+        "",
+        "  clusterIP: 10.0.0.1\n  ports: [{name: http, port: 80}, {name: http, port: 81}, {name: http, port: 82, protocol: UDP}, {name: dns, port: 53}]\n",
+    ) + &svc(
+        "unnamed",
+        "",
+        "  clusterIP: 10.0.0.2\n  ports: [{port: 80}, {port: 81}]\n",
+    );
+    let (state, w) = run(&y);
+    assert_eq!(
+        fields(&w),
+        [
+            ("Service ns/dup", "spec.ports[1].name"),
+            ("Service ns/dup", "spec.ports[2].name"),
+            ("Service ns/unnamed", "spec.ports[1].name"),
+        ],
+        "{w:?}"
+    );
+    assert!(w[0].message.contains("spec.ports[0]"), "{}", w[0]);
+    assert_eq!(
+        state.services[&(spn("dup", "http", Protocol::Tcp), IpFamily::V4)].port,
+        80
+    );
+    assert!(
+        !state
+            .services
+            .contains_key(&(spn("dup", "http", Protocol::Udp), IpFamily::V4))
+    );
+    assert!(
+        state
+            .services
+            .contains_key(&(spn("dup", "dns", Protocol::Tcp), IpFamily::V4))
+    );
+    assert_eq!(
+        state.services[&(spn("unnamed", "", Protocol::Tcp), IpFamily::V4)].port,
+        80
+    );
+}
+
+#[test]
+fn slice_port_out_of_range_is_ignored() {
+    let mut y = svc(
+        "s",
+        "",
+        "  clusterIP: 10.0.0.1\n  ports: [{name: a, port: 80}, {name: b, port: 81}]\n",
+    );
+    y += &slice(
+        "s-1",
+        "s",
+        "IPv4",
+        "ports: [{name: a, port: 70000}, {name: b, port: 8081}]\nendpoints:\n- addresses: [10.1.0.1]\n",
+    );
+    let (state, w) = run(&y);
+    assert_eq!(fields(&w), [("EndpointSlice ns/s-1", "ports[0].port")]);
+    assert!(w[0].message.contains("70000"), "{}", w[0]);
+    assert!(!state.endpoints.contains_key(&spn("s", "a", Protocol::Tcp)));
+    assert_eq!(state.endpoints[&spn("s", "b", Protocol::Tcp)][0].port, 8081);
+}
+
+#[test]
+fn slice_without_service_name_label_is_ignored() {
+    let mut y = svc("s", "", "  clusterIP: 10.0.0.1\n  ports: [{port: 80}]\n");
+    y += "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: s-1, namespace: ns, labels: {app: s}}\naddressType: IPv4\nports: [{port: 8080}]\nendpoints: [{addresses: [10.1.0.1]}]\n";
+    y += "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: s-2, namespace: ns, labels: {kubernetes.io/service-name: \"\"}}\naddressType: IPv4\nports: [{port: 8080}]\nendpoints: [{addresses: [10.1.0.2]}]\n";
+    let (state, w) = run(&y);
+    assert_eq!(
+        fields(&w),
+        [
+            (
+                "EndpointSlice ns/s-1",
+                "metadata.labels[kubernetes.io/service-name]"
+            ),
+            (
+                "EndpointSlice ns/s-2",
+                "metadata.labels[kubernetes.io/service-name]"
+            ),
+        ]
+    );
+    assert!(state.endpoints.is_empty());
+}
+
+#[test]
+fn slice_addresses_of_the_wrong_family_or_invalid_are_dropped() {
+    let mut y = svc(
+        "ds",
+        "",
+        "  clusterIP: 10.0.0.1\n  clusterIPs: [10.0.0.1, \"fd00::1\"]\n  ports: [{port: 80}]\n",
+    );
+    y += &slice(
+        "ds-v4",
+        "ds",
+        "IPv4",
+        "ports: [{port: 8080}]\nendpoints:\n- addresses: [10.1.0.1]\n- addresses: [\"fd01::2\"]\n- addresses: [not-an-ip]\n- addresses: [10.1.0.4]\n",
+    );
+    y += &slice(
+        "ds-v6",
+        "ds",
+        "IPv6",
+        "ports: [{port: 8080}]\nendpoints:\n- addresses: [\"fd01::1\"]\n- addresses: [10.1.0.9]\n- addresses: [\"::ffff:10.1.0.8\"]\n",
+    );
+    // The only port is invalid: the bad address is still reported.
+    y += &slice(
+        "ds-noport",
+        "ds",
+        "IPv4",
+        "ports: [{port: 0}]\nendpoints:\n- addresses: [10.1.0.300]\n",
+    );
+    y += &slice(
+        "ds-odd",
+        "ds",
+        "IPv5",
+        "ports: [{port: 8080}]\nendpoints:\n- addresses: [10.1.0.7]\n",
+    );
+    let (state, w) = run(&y);
+    assert_eq!(
+        fields(&w),
+        [
+            ("EndpointSlice ns/ds-odd", "addressType"),
+            ("EndpointSlice ns/ds-noport", "endpoints[0].addresses[0]"),
+            ("EndpointSlice ns/ds-noport", "ports[0].port"),
+            ("EndpointSlice ns/ds-v4", "endpoints[1].addresses[0]"),
+            ("EndpointSlice ns/ds-v4", "endpoints[2].addresses[0]"),
+            ("EndpointSlice ns/ds-v6", "endpoints[1].addresses[0]"),
+            ("EndpointSlice ns/ds-v6", "endpoints[2].addresses[0]"),
+        ],
+        "{w:?}"
+    );
+    assert!(w[3].message.contains("IPv4"), "{}", w[3]);
+    let ips: Vec<_> = state.endpoints[&spn("ds", "", Protocol::Tcp)]
+        .iter()
+        .map(|e| e.ip.to_string())
+        .collect();
+    assert_eq!(ips, ["10.1.0.1", "10.1.0.4", "fd01::1"]);
+}
