@@ -88,10 +88,7 @@ impl Backend for NftablesBackend {
         for conflict in &stats.conflicts {
             tracing::warn!("conflicting services: {conflict}");
         }
-        let renderer = &self.renderer;
-        let outcome = self
-            .syncer
-            .sync_incremental(&deltas, || renderer.tables())?;
+        let outcome = self.syncer.sync_rendered(&self.renderer, &deltas)?;
         tracing::debug!(
             rendered = stats.rendered,
             node_changed = stats.node_changed,

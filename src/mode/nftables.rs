@@ -486,6 +486,10 @@ pub struct TableDelta {
     pub add_elements: BTreeMap<String, Vec<Element>>,
     /// Sets to delete last.
     pub delete_sets: Vec<String>,
+    /// Entry points (`address . proto . port`) with ClientIP affinity that lost
+    /// endpoints, with the endpoints they still have: clients' affinity entries
+    /// leading anywhere else are stale and must go.
+    pub affinity_cleanup: Vec<AffinityEntry>,
 }
 
 impl TableDelta {
@@ -497,6 +501,7 @@ impl TableDelta {
             && self.chains.is_empty()
             && self.add_elements.is_empty()
             && self.delete_sets.is_empty()
+            && self.affinity_cleanup.is_empty()
     }
 }
 
@@ -583,6 +588,22 @@ impl NftablesRenderer {
         self.families.iter().map(FamilyRenderer::table).collect()
     }
 
+    /// Every entry point with ClientIP affinity and its endpoints, per family (v4
+    /// first): what a full sync checks the clients' affinity entries against.
+    pub fn affinity_entries(&self) -> Vec<(Family, Vec<AffinityEntry>)> {
+        self.families
+            .iter()
+            .map(|f| {
+                let entries = f
+                    .services
+                    .values()
+                    .flat_map(|r| r.contribution.affinity.iter().cloned())
+                    .collect();
+                (f.family, entries)
+            })
+            .collect()
+    }
+
     /// Number of service ports held, both families.
     pub fn service_ports(&self) -> usize {
         self.families.iter().map(|f| f.services.len()).sum()
@@ -614,7 +635,7 @@ struct Contribution {
 
 /// An entry point (`address . proto . port`) with ClientIP affinity, and the
 /// endpoints (`address, port`) its traffic may go to.
-type AffinityEntry = (Vec<KeyValue>, BTreeSet<(IpAddr, u16)>);
+pub type AffinityEntry = (Vec<KeyValue>, BTreeSet<(IpAddr, u16)>);
 
 /// One service port as last rendered.
 #[derive(Debug, Clone)]
@@ -762,14 +783,30 @@ impl FamilyRenderer {
         let mut conflicts = Vec::new();
         let old_classes: BTreeSet<Class> = self.classes.keys().copied().collect();
         let old_prefixes: BTreeSet<u8> = self.prefixes.keys().copied().collect();
+        let mut lost: BTreeMap<Vec<KeyValue>, BTreeSet<(IpAddr, u16)>> = BTreeMap::new();
         for name in &dirty {
-            if let Some(old) = self.services.remove(name) {
-                self.withdraw(name, &old.contribution, &mut touched);
-            }
+            let old_affinity = match self.services.remove(name) {
+                Some(old) => {
+                    self.withdraw(name, &old.contribution, &mut touched);
+                    old.contribution.affinity
+                }
+                None => Vec::new(),
+            };
             if let Some(svc) = state.services.get(&(name.clone(), self.ip_family)) {
                 let eps = state.endpoints.get(name).unwrap_or(&no_endpoints);
                 let contribution = self.render(svc, eps, &state.node);
                 self.claim(name, &contribution, &mut touched, &mut conflicts);
+                for (key, before) in &old_affinity {
+                    let now = contribution
+                        .affinity
+                        .iter()
+                        .find(|(k, _)| k == key)
+                        .map(|(_, t)| t.clone())
+                        .unwrap_or_default();
+                    if !before.is_subset(&now) {
+                        lost.insert(key.clone(), now);
+                    }
+                }
                 self.services.insert(
                     name.clone(),
                     RenderedService {
@@ -778,11 +815,16 @@ impl FamilyRenderer {
                         contribution,
                     },
                 );
+            } else {
+                for (key, _) in old_affinity {
+                    lost.insert(key, BTreeSet::new());
+                }
             }
         }
 
         let mut delta = TableDelta {
             family: Some(self.family),
+            affinity_cleanup: lost.into_iter().collect(),
             ..TableDelta::default()
         };
         let classes: BTreeSet<Class> = self.classes.keys().copied().collect();

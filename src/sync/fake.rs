@@ -240,6 +240,18 @@ mod libc_errno {
     pub const EEXIST: i32 = 17;
 }
 
+impl FakeKernel {
+    /// What a packet's `dynset` does: adds `element` to a dynamic set of ours.
+    pub fn add_by_packet(&mut self, family: Family, set: &str, element: Element) {
+        if let Some(t) = self.tables.get_mut(&(family, super::TABLE.to_string()))
+            && let Some((s, els)) = t.sets.get_mut(set)
+            && s.flags.dynamic
+        {
+            els.insert(element.key_bytes(), element);
+        }
+    }
+}
+
 impl Dataplane for FakeKernel {
     fn dump(&mut self, family: Family, table: &str) -> Result<Option<TableSnapshot>, SyncError> {
         Ok(self
@@ -255,16 +267,34 @@ impl Dataplane for FakeKernel {
                     .sets
                     .iter()
                     .map(|(n, (s, els))| {
+                        // Like a kernel dump: what packets added is not configuration.
+                        let elements = if s.flags.dynamic {
+                            BTreeSet::new()
+                        } else {
+                            els.values().cloned().collect::<BTreeSet<_>>()
+                        };
                         (
                             n.clone(),
                             SetSnapshot {
                                 set: s.clone(),
-                                elements: els.values().cloned().collect::<BTreeSet<_>>(),
+                                elements,
                             },
                         )
                     })
                     .collect(),
             }))
+    }
+
+    fn dump_set_elements(
+        &mut self,
+        family: Family,
+        set: &Set,
+    ) -> Result<Option<Vec<Element>>, SyncError> {
+        Ok(self
+            .tables
+            .get(&(family, super::TABLE.to_string()))
+            .and_then(|t| t.sets.get(&set.name))
+            .map(|(_, els)| els.values().cloned().collect()))
     }
 
     fn apply(&mut self, ops: &[Op]) -> Result<(), SyncError> {

@@ -13,9 +13,9 @@ pub mod runner;
 
 use std::collections::BTreeMap;
 
-use kube_nlproxy_netlink::nft::{Family, NftSocket, Op};
+use kube_nlproxy_netlink::nft::{Element, Family, KeyValue, NftSocket, Op, Set};
 
-use crate::mode::nftables::{TABLE, TableDelta, TableSpec};
+use crate::mode::nftables::{AffinityEntry, NftablesRenderer, SetId, TABLE, TableDelta, TableSpec};
 pub use diff::{Current, TableSnapshot, delta_ops, diff, op_counts};
 pub use fake::FakeKernel;
 
@@ -45,6 +45,13 @@ pub trait Dataplane {
     fn dump(&mut self, family: Family, table: &str) -> Result<Option<TableSnapshot>, SyncError>;
     /// Applies `ops` atomically.
     fn apply(&mut self, ops: &[Op]) -> Result<(), SyncError>;
+    /// The elements of one of our sets, including those packets added (`None`:
+    /// no such set).
+    fn dump_set_elements(
+        &mut self,
+        family: Family,
+        set: &Set,
+    ) -> Result<Option<Vec<Element>>, SyncError>;
 }
 
 /// The kernel, over one NETLINK_NETFILTER socket.
@@ -82,6 +89,19 @@ impl Dataplane for NetlinkDataplane {
         self.socket
             .apply(ops)
             .map_err(|e| SyncError::Apply(e.to_string()))
+    }
+
+    fn dump_set_elements(
+        &mut self,
+        family: Family,
+        set: &Set,
+    ) -> Result<Option<Vec<Element>>, SyncError> {
+        self.socket
+            .dump_set_elements(family, TABLE, set)
+            .map_err(|source| SyncError::DumpFailed {
+                family: family.nft_name(),
+                source,
+            })
     }
 }
 
@@ -211,10 +231,93 @@ impl<D: Dataplane> Syncer<D> {
             return Err(e);
         }
         self.need_full = false;
-        Ok(SyncOutcome {
-            full,
-            ops: op_counts(&ops),
-        })
+        let mut counts = op_counts(&ops);
+        for delta in deltas.iter().filter(|d| !d.affinity_cleanup.is_empty()) {
+            let Some(family) = delta.family else { continue };
+            match self.clean_affinity(family, &delta.affinity_cleanup, false) {
+                Ok(0) => {}
+                Ok(n) => *counts.entry("delete-affinity").or_insert(0) += n,
+                Err(e) => tracing::warn!("clearing stale session-affinity entries failed: {e}"),
+            }
+        }
+        Ok(SyncOutcome { full, ops: counts })
+    }
+
+    /// [`sync_incremental`](Self::sync_incremental) for a renderer's update; a
+    /// full sync also checks every client's affinity entry against the entry
+    /// points as they are now (entries made before a restart, or by a layout we
+    /// no longer have).
+    pub fn sync_rendered(
+        &mut self,
+        renderer: &NftablesRenderer,
+        deltas: &[TableDelta],
+    ) -> Result<SyncOutcome, SyncError> {
+        let mut outcome = self.sync_incremental(deltas, || renderer.tables())?;
+        if outcome.full {
+            for (family, entries) in renderer.affinity_entries() {
+                match self.clean_affinity(family, &entries, true) {
+                    Ok(0) => {}
+                    Ok(n) => *outcome.ops.entry("delete-affinity").or_insert(0) += n,
+                    Err(e) => {
+                        tracing::warn!("clearing stale session-affinity entries failed: {e}")
+                    }
+                }
+            }
+        }
+        Ok(outcome)
+    }
+
+    /// Deletes the clients' affinity entries of `delta`'s entry points that lead
+    /// to an endpoint the entry point no longer has. Runs right after the commit
+    /// that removed the endpoints (so no new entry can lead there); an entry that
+    /// expires meanwhile makes the delete fail, and the cleanup is tried once more
+    /// on a fresh dump.
+    /// `strict`: an entry point missing from `entries` has no valid entry at all.
+    fn clean_affinity(
+        &mut self,
+        family: Family,
+        entries: &[AffinityEntry],
+        strict: bool,
+    ) -> Result<usize, SyncError> {
+        let set = SetId::Affinity.definition(family);
+        let keep: BTreeMap<&[KeyValue], &std::collections::BTreeSet<(std::net::IpAddr, u16)>> =
+            entries.iter().map(|(k, v)| (k.as_slice(), v)).collect();
+        let mut last = Ok(0);
+        for _ in 0..2 {
+            let Some(elements) = self.dataplane.dump_set_elements(family, &set)? else {
+                return Ok(0);
+            };
+            let stale: Vec<Element> = elements
+                .into_iter()
+                .filter(|e| {
+                    let entry = e.key.get(1..).unwrap_or_default();
+                    let target = match e.data.as_slice() {
+                        [KeyValue::Addr(a), KeyValue::Port(p)] => Some((*a, *p)),
+                        _ => None,
+                    };
+                    match keep.get(entry) {
+                        Some(k) => target.is_none_or(|t| !k.contains(&t)),
+                        None => strict,
+                    }
+                })
+                .map(|e| Element::new(e.key))
+                .collect();
+            if stale.is_empty() {
+                return Ok(0);
+            }
+            let n = stale.len();
+            let op = Op::DeleteElements {
+                family,
+                table: TABLE.to_string(),
+                set: set.name.clone(),
+                elements: stale,
+            };
+            last = self.dataplane.apply(&[op]).map(|()| n);
+            if last.is_ok() {
+                break;
+            }
+        }
+        last
     }
 
     /// Reads the kernel back and says which tables differ from `desired`.
@@ -292,5 +395,13 @@ impl<D: Dataplane + ?Sized> Dataplane for &mut D {
 
     fn apply(&mut self, ops: &[Op]) -> Result<(), SyncError> {
         (**self).apply(ops)
+    }
+
+    fn dump_set_elements(
+        &mut self,
+        family: Family,
+        set: &Set,
+    ) -> Result<Option<Vec<Element>>, SyncError> {
+        (**self).dump_set_elements(family, set)
     }
 }

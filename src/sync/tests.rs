@@ -4,7 +4,8 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::mode::nftables::{
-    LocalDetector, NftablesOptions, NftablesRenderer, NodePortAddresses, TableDelta, desired_tables,
+    LocalDetector, NftablesOptions, NftablesRenderer, NodePortAddresses, SetId, TableDelta,
+    desired_tables,
 };
 use crate::model::{
     ClusterState, Endpoint, IpFamily, NodeInfo, Protocol, ServicePort, ServicePortName,
@@ -334,4 +335,80 @@ fn fake_kernel_rejects_like_the_kernel_and_keeps_nothing() {
     let err = syncer.dataplane.apply(&bad).unwrap_err();
     assert!(err.to_string().contains("busy"), "{err}");
     assert_eq!(kernel_tables(&mut syncer.dataplane), before);
+}
+
+#[test]
+fn affinity_entries_of_removed_endpoints_are_deleted_after_the_commit() {
+    let seed = |id, affinity, hosts: &[u8]| SvcSeed {
+        id,
+        v6: false,
+        protocol: 0,
+        node_port: false,
+        external_ip: false,
+        lb: false,
+        source_range: false,
+        etp_local: false,
+        itp_local: false,
+        affinity,
+        endpoints: hosts
+            .iter()
+            .map(|h| (*h, true, true, true, false))
+            .collect(),
+    };
+    // What a packet's `update @affinity` leaves: client . entry : endpoint . port.
+    let entry = |client: u8, id: u8, host: u8| {
+        Element::new(vec![
+            KeyValue::Addr(addr(false, 1, client)),
+            KeyValue::Addr(addr(false, 96, id + 1)),
+            KeyValue::Proto(6),
+            KeyValue::Port(80),
+        ])
+        .with_data(vec![
+            KeyValue::Addr(addr(false, 244, host)),
+            KeyValue::Port(8080),
+        ])
+    };
+    let affinity = SetId::Affinity.definition(Family::Ipv4);
+    let before = vec![seed(1, true, &[1, 2]), seed(2, false, &[3])];
+    let mut syncer = Syncer::new(FakeKernel::default());
+    let mut renderer = NftablesRenderer::default();
+    let (deltas, _) = renderer.update(&state_of(&before), &opts());
+    syncer.sync_rendered(&renderer, &deltas).unwrap();
+    for e in [entry(1, 1, 1), entry(2, 1, 2), entry(3, 2, 3)] {
+        syncer
+            .dataplane
+            .add_by_packet(Family::Ipv4, &affinity.name, e);
+    }
+    let held = |s: &mut Syncer<FakeKernel>| {
+        let mut v = s
+            .dataplane
+            .dump_set_elements(Family::Ipv4, &affinity)
+            .unwrap()
+            .unwrap();
+        v.sort();
+        v
+    };
+
+    // Endpoint 1 of svc1 goes: only the entry leading to it goes, in the sync.
+    let after = vec![seed(1, true, &[2]), seed(2, false, &[3])];
+    let (deltas, _) = renderer.update(&state_of(&after), &opts());
+    assert_eq!(deltas[0].affinity_cleanup.len(), 1);
+    let outcome = syncer.sync_rendered(&renderer, &deltas).unwrap();
+    assert_eq!(outcome.ops.get("delete-affinity"), Some(&1));
+    assert_eq!(held(&mut syncer), vec![entry(2, 1, 2), entry(3, 2, 3)]);
+
+    // A restarted proxy (a full sync) also drops entries of entry points that
+    // have no affinity at all.
+    let mut restarted = Syncer::new(syncer.dataplane.clone());
+    let mut renderer = NftablesRenderer::default();
+    let (deltas, _) = renderer.update(&state_of(&after), &opts());
+    let outcome = restarted.sync_rendered(&renderer, &deltas).unwrap();
+    assert!(outcome.full);
+    assert_eq!(held(&mut restarted), vec![entry(2, 1, 2)]);
+
+    // svc1 deleted: its entries go.
+    let gone = vec![seed(2, false, &[3])];
+    let (deltas, _) = renderer.update(&state_of(&gone), &opts());
+    restarted.sync_rendered(&renderer, &deltas).unwrap();
+    assert!(held(&mut restarted).is_empty());
 }

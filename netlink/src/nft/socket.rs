@@ -790,6 +790,32 @@ impl NftSocket {
         })
     }
 
+    /// The elements of one set (`nft list set FAMILY TABLE NAME`), including those
+    /// the packet path added (dynamic sets). `None` when the set does not exist.
+    pub fn dump_set_elements(
+        &mut self,
+        family: Family,
+        table: &str,
+        set: &Set,
+    ) -> Result<Option<Vec<Element>>, NftError> {
+        let msgs = match self.request(
+            &format!("elements of {}", set.name),
+            family,
+            &get_elements(table, &set.name),
+        ) {
+            Ok(msgs) => msgs,
+            Err(NftError::Dump { errno, .. }) if errno == libc::ENOENT => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let mut elements = Vec::new();
+        for m in &msgs {
+            if let NfTablesMessage::NewSetElement(e) = m {
+                parse_elements(e, &set.key, &set.data, &mut elements);
+            }
+        }
+        Ok(Some(elements))
+    }
+
     /// Dump one table: chains, sets, their elements and rules. `None` when the
     /// table does not exist.
     pub fn dump_table(
