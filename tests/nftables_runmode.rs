@@ -194,3 +194,83 @@ fn restart_keeps_live_connection_and_cleanup() {
     });
     c.finish();
 }
+
+fn sticky(t: &Topo, eps: &[&str]) -> Vec<String> {
+    vec![
+        Svc {
+            affinity: true,
+            ..Svc::new(
+                "sticky",
+                "ClusterIP",
+                &["10.96.0.60"],
+                vec![port("http", "TCP", 80, 8080)],
+            )
+        }
+        .yaml(),
+        slice(
+            "sticky",
+            "v4",
+            false,
+            &[("http", "TCP", 8080)],
+            &t.eps(eps, false),
+        ),
+    ]
+}
+
+/// A client's affinity entry must never lead to an endpoint the service lost,
+/// even while that pod still answers: the next connection picks a current one.
+#[test]
+fn affinity_follows_endpoint_removal() {
+    let mut t = Topo::new();
+    t.add_pod("a", Where::Local);
+    t.add_pod("b", Where::Local);
+    t.add_pod("r", Where::Remote);
+    let a = t.pod("a").ns.clone();
+    let dst = sa(ip("10.96.0.60"), 80);
+    let mut p = Proxy::new(&t, BIN);
+    p.write(&cluster(&sticky(&t, &["b", "r"])));
+    p.start();
+    let mut c = Checks::default();
+    let mut first = String::new();
+    c.run("affinity: 10 connects, one backend", || {
+        assert!(
+            eventually(WAIT, || tcp(&a, dst, SHORT).is_ok()),
+            "never served; log:\n{}",
+            p.log()
+        );
+        let (pods, _) = spread(&a, dst, 10).unwrap_or_else(|e| panic!("affinity: {e}"));
+        assert_eq!(pods.len(), 1, "hit {pods:?}");
+        first = pods.into_iter().next().unwrap();
+    });
+    let other = if first == "b" { "r" } else { "b" };
+    p.write(&cluster(&sticky(&t, &[other])));
+    c.run(
+        "affinity: the chosen endpoint goes, the client moves on",
+        || {
+            assert!(
+                eventually(WAIT, || tcp(&a, dst, SHORT).is_ok_and(|r| r.pod == other)),
+                "never moved to {other}; log:\n{}",
+                p.log()
+            );
+            let (pods, _) = spread(&a, dst, 10).unwrap_or_else(|e| panic!("affinity: {e}"));
+            assert_eq!(
+                pods.into_iter().collect::<Vec<_>>(),
+                vec![other.to_string()],
+                "a removed endpoint still gets traffic"
+            );
+        },
+    );
+    c.run(
+        "affinity: the removed endpoint comes back, the client stays",
+        || {
+            p.write(&cluster(&sticky(&t, &["b", "r"])));
+            std::thread::sleep(Duration::from_secs(2));
+            let (pods, _) = spread(&a, dst, 10).unwrap_or_else(|e| panic!("affinity: {e}"));
+            assert_eq!(
+                pods.into_iter().collect::<Vec<_>>(),
+                vec![other.to_string()]
+            );
+        },
+    );
+    c.finish();
+}
