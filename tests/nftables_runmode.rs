@@ -274,3 +274,67 @@ fn affinity_follows_endpoint_removal() {
     );
     c.finish();
 }
+
+/// A node upgraded from the chain layout of earlier versions (per-service chains
+/// behind a `service-ips` verdict map) moves to the element layout in one
+/// transaction: a live connection keeps flowing, new ones are served.
+#[test]
+fn upgrade_from_the_chain_layout_keeps_live_connections() {
+    let mut t = Topo::new();
+    t.add_pod("a", Where::Local);
+    t.add_pod("r", Where::Remote);
+    let a = t.pod("a").clone();
+    let r = t.pod("r").v4;
+    let old = format!(
+        "table ip kube-nlproxy {{
+  map service-ips {{ type ipv4_addr . inet_proto . inet_service : verdict;
+    elements = {{ 10.96.0.70 . tcp . 80 : goto service-echo, 10.96.0.70 . tcp . 90 : goto service-echo-90 }} }}
+  chain services {{ ip daddr . meta l4proto . th dport vmap @service-ips; }}
+  chain service-echo {{ goto endpoint-echo; }}
+  chain service-echo-90 {{ goto endpoint-echo-90; }}
+  chain endpoint-echo {{ meta l4proto tcp dnat to {r}:8080; }}
+  chain endpoint-echo-90 {{ meta l4proto tcp dnat to {r}:{ECHO_PORT}; }}
+  chain nat-prerouting {{ type nat hook prerouting priority dstnat; jump services; }}
+  chain nat-output {{ type nat hook output priority -100; jump services; }}
+}}
+"
+    );
+    let file = std::env::temp_dir().join(format!("knp-old-layout-{}.nft", std::process::id()));
+    std::fs::write(&file, old).unwrap();
+    sh(&[
+        "ip",
+        "netns",
+        "exec",
+        &t.node,
+        "nft",
+        "-f",
+        file.to_str().unwrap(),
+    ]);
+    let _ = std::fs::remove_file(&file);
+    let mut c = Checks::default();
+    let p = Proxy::new(&t, BIN);
+    p.write(&cluster(&svc("echo", "10.96.0.70", &t, &["r"])));
+    c.run(
+        "upgrade: old layout serves, then the new one takes over",
+        || {
+            let mut s = tcp_stream(&a.ns, sa(ip("10.96.0.70"), 90), OK_TIMEOUT)
+                .expect("connect through the old layout");
+            let greet = read_line(&mut s).unwrap();
+            assert!(greet.starts_with("r "), "{greet}");
+            assert_eq!(echo_roundtrip(&mut s, "old").unwrap(), "old");
+            p.sync();
+            let table = p.table().expect("table after the upgrade");
+            assert!(
+                table.contains("classes-ips") && !table.contains("service-echo"),
+                "not the element layout:\n{table}"
+            );
+            assert_eq!(
+                echo_roundtrip(&mut s, "new").expect("live connection after the upgrade"),
+                "new"
+            );
+            let reply = tcp(&a.ns, sa(ip("10.96.0.70"), 80), OK_TIMEOUT).expect("new connection");
+            assert_eq!(reply.pod, "r");
+        },
+    );
+    c.finish();
+}

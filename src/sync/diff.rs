@@ -202,7 +202,8 @@ impl<'a> Current<'a> {
 ///
 /// Order inside the batch: new chains and sets first (so rules and elements can
 /// refer to them), then element deletions, rewritten chains, element additions, and
-/// last the chains and sets nobody refers to any more. A changed base chain or set
+/// last what nobody refers to any more: stale chains flushed, stale sets deleted,
+/// then the stale chains. A changed base chain or set
 /// definition (a layout change between versions) recreates the table.
 pub fn diff(current: Option<Current<'_>>, desired: &TableSpec) -> Vec<Op> {
     let family = desired.family;
@@ -287,13 +288,9 @@ pub fn diff(current: Option<Current<'_>>, desired: &TableSpec) -> Vec<Op> {
             });
         }
     }
-    for (c, _) in &stale {
-        ops.push(Op::DeleteChain {
-            family,
-            table: table.clone(),
-            name: c.name.clone(),
-        });
-    }
+    // Sets nobody refers to any more go before the stale chains: a verdict map's
+    // `goto` elements hold the chains they name (EBUSY), and the rules that used the
+    // sets are flushed by now.
     for (set, _) in current.sets() {
         if !desired.sets.contains_key(&set.name) {
             ops.push(Op::DeleteSet {
@@ -302,6 +299,13 @@ pub fn diff(current: Option<Current<'_>>, desired: &TableSpec) -> Vec<Op> {
                 name: set.name.clone(),
             });
         }
+    }
+    for (c, _) in &stale {
+        ops.push(Op::DeleteChain {
+            family,
+            table: table.clone(),
+            name: c.name.clone(),
+        });
     }
     ops
 }
