@@ -695,7 +695,7 @@ fn ipvs_mode_switch() {
     c.run("nftables mode works", || {
         sync_ok(&nft);
         works("nftables");
-        assert!(nft.table().is_some_and(|t| t.contains("service-ips")));
+        assert!(nft.table().is_some_and(|t| t.contains("classes-ips")));
         no_ipvs_leftovers();
     });
     c.run(
@@ -712,8 +712,9 @@ fn ipvs_mode_switch() {
                     "{tab}"
                 );
                 for gone in [
-                    "service-ips",
-                    "service-nodeports",
+                    "classes-ips",
+                    "classes-nodeports",
+                    "dispatch-ips",
                     "no-endpoint-",
                     "cluster-ips",
                     "endpoint-",

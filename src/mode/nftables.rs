@@ -37,7 +37,9 @@
 //!   endpoint . port` is one contiguous key too).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use ipnet::IpNet;
 use kube_nlproxy_netlink::nft::{
@@ -640,14 +642,56 @@ pub type AffinityEntry = (Vec<KeyValue>, BTreeSet<(IpAddr, u16)>);
 /// One service port as last rendered.
 #[derive(Debug, Clone)]
 struct RenderedService {
-    svc: ServicePort,
-    endpoints: Vec<Endpoint>,
+    /// Hash of the service port and its endpoints as rendered, to tell whether
+    /// they changed without keeping a copy.
+    inputs: u64,
     contribution: Contribution,
+}
+
+/// A hash of what a service port's rendering depends on (besides the node).
+fn inputs_hash(svc: &ServicePort, endpoints: &[Endpoint]) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    svc.hash(&mut h);
+    endpoints.hash(&mut h);
+    h.finish()
 }
 
 /// The claims on one element key: by service port, in name order. The first one
 /// is in the kernel.
-type Claims = BTreeMap<ServicePortName, Element>;
+///
+/// Almost every key has one claim, so this is a short sorted vector (a `BTreeMap`
+/// would allocate a whole node of eleven entries per key).
+#[derive(Debug, Clone, Default)]
+struct Claims(Vec<(Arc<ServicePortName>, Element)>);
+
+impl Claims {
+    /// The element in the kernel: the first claimer's.
+    fn first(&self) -> Option<&Element> {
+        self.0.first().map(|(_, e)| e)
+    }
+
+    /// A claimer other than `name`.
+    fn other_than(&self, name: &ServicePortName) -> Option<&ServicePortName> {
+        self.0.iter().map(|(n, _)| &**n).find(|n| *n != name)
+    }
+
+    fn insert(&mut self, name: Arc<ServicePortName>, element: Element) {
+        match self.0.binary_search_by(|(n, _)| (**n).cmp(&*name)) {
+            Ok(i) => self.0[i].1 = element,
+            Err(i) => self.0.insert(i, (name, element)),
+        }
+    }
+
+    fn remove(&mut self, name: &ServicePortName) {
+        if let Ok(i) = self.0.binary_search_by(|(n, _)| (**n).cmp(name)) {
+            self.0.remove(i);
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
 
 /// The table of one family.
 #[derive(Debug, Clone)]
@@ -683,7 +727,7 @@ impl FamilyRenderer {
     fn table(&self) -> TableSpec {
         let mut t = self.skeleton.clone();
         for ((set, _), claims) in &self.claims {
-            if let Some(e) = claims.values().next() {
+            if let Some(e) = claims.first() {
                 t.sets
                     .get_mut(&set.name())
                     .expect("every claimed set is in the skeleton")
@@ -749,7 +793,7 @@ impl FamilyRenderer {
                 && self
                     .services
                     .get(name)
-                    .is_some_and(|r| r.svc == *svc && r.endpoints == *eps);
+                    .is_some_and(|r| r.inputs == inputs_hash(svc, eps));
             if !unchanged {
                 dirty.push(name.clone());
             }
@@ -810,8 +854,7 @@ impl FamilyRenderer {
                 self.services.insert(
                     name.clone(),
                     RenderedService {
-                        svc: svc.clone(),
-                        endpoints: eps.clone(),
+                        inputs: inputs_hash(svc, eps),
                         contribution,
                     },
                 );
@@ -841,7 +884,7 @@ impl FamilyRenderer {
             self.skeleton = skeleton;
         }
         for ((set, key), before) in touched {
-            let after = self.claims.get(&(set, key)).and_then(|c| c.values().next());
+            let after = self.claims.get(&(set, key)).and_then(Claims::first);
             if before.as_ref() == after {
                 continue;
             }
@@ -888,7 +931,7 @@ impl FamilyRenderer {
         for (set, element) in &contribution.elements {
             let key = (*set, claim_key(*set, &element.key));
             let claims = self.claims.get_mut(&key);
-            let before = claims.as_ref().and_then(|c| c.values().next().cloned());
+            let before = claims.as_ref().and_then(|c| c.first().cloned());
             touched.entry(key.clone()).or_insert(before);
             if let Some(claims) = claims {
                 claims.remove(name);
@@ -913,24 +956,25 @@ impl FamilyRenderer {
         touched: &mut HashMap<(SetId, Vec<KeyValue>), Option<Element>>,
         conflicts: &mut Vec<String>,
     ) {
+        let owner = Arc::new(name.clone());
         for (set, element) in &contribution.elements {
             let key = (*set, claim_key(*set, &element.key));
             let claims = self.claims.entry(key.clone()).or_default();
             touched
                 .entry(key.clone())
-                .or_insert_with(|| claims.values().next().cloned());
+                .or_insert_with(|| claims.first().cloned());
             let decides = matches!(
                 set,
                 SetId::Classes(_) | SetId::NoEndpointReject(_) | SetId::NoEndpointDrop(_)
             );
-            if decides && let Some(first) = claims.keys().find(|n| *n != name) {
+            if decides && let Some(first) = claims.other_than(name) {
                 conflicts.push(format!(
                     "{}: {} is claimed by {first} and {name}; the first in name order keeps it",
                     set.name(),
                     kube_nlproxy_netlink::nft::codec::fmt_element(&Element::new(key.1.clone())),
                 ));
             }
-            claims.insert(name.clone(), element.clone());
+            claims.insert(owner.clone(), element.clone());
         }
         for class in &contribution.classes {
             *self.classes.entry(*class).or_default() += 1;

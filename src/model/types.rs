@@ -113,7 +113,7 @@ pub enum TrafficDistribution {
 ///
 /// A dual-stack Service yields one `ServicePort` per family, each carrying only the
 /// addresses of its family.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ServicePort {
     /// Identity.
     pub name: ServicePortName,
