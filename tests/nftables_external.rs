@@ -48,6 +48,7 @@ fn manifests(t: &Topo) -> String {
         .yaml(),
         Svc {
             etp: "Local".into(),
+            external_ips: vec!["10.78.0.5".into()],
             ..Svc::new("etpnone", "NodePort", &["10.96.0.25"], http(30085))
         }
         .yaml(),
@@ -199,6 +200,28 @@ fn external_scenarios() {
                 "etpnone pod nodeport",
                 tcp(&a.ns, sa(NODE_V4, 30085), OK_TIMEOUT),
                 &["r"],
+            );
+        },
+    );
+    c.run(
+        "eTP Local, no local endpoint: the node itself reaches the remote endpoint, masqueraded",
+        || {
+            for dst in [sa(ip("10.78.0.5"), 80), sa(NODE_V4, 30085)] {
+                let r = expect_ok(
+                    "etpnone from the node",
+                    tcp(&t.node, dst, OK_TIMEOUT),
+                    &["r"],
+                );
+                assert!(
+                    Topo::node_addrs(false).contains(&r.src),
+                    "{dst}: source {} is not a node address",
+                    r.src
+                );
+            }
+            expect_err(
+                "etpnone externalIP from EXT",
+                tcp(&ext, sa(ip("10.78.0.5"), 80), DROP_TIMEOUT),
+                ConnErr::Timeout,
             );
         },
     );

@@ -47,6 +47,7 @@ fn manifests(t: &Topo) -> String {
         .yaml(),
         Svc {
             etp: "Local".into(),
+            external_ips: vec!["fd78::5".into()],
             ..Svc::new("etpnone6", "NodePort", &["fd96::45"], http(31085))
         }
         .yaml(),
@@ -127,6 +128,28 @@ fn external_scenarios_v6() {
                 "etpnone6 pod nodeport",
                 tcp(&a.ns, sa(NODE_V6, 31085), OK_TIMEOUT),
                 &["r"],
+            );
+        },
+    );
+    c.run(
+        "v6 eTP Local, no local endpoint: the node itself reaches the remote endpoint, masqueraded",
+        || {
+            for dst in [sa(ip("fd78::5"), 80), sa(NODE_V6, 31085)] {
+                let r = expect_ok(
+                    "etpnone6 from the node",
+                    tcp(&t.node, dst, OK_TIMEOUT),
+                    &["r"],
+                );
+                assert!(
+                    Topo::node_addrs(true).contains(&r.src),
+                    "{dst}: source {} is not a node address",
+                    r.src
+                );
+            }
+            expect_err(
+                "etpnone6 externalIP from EXT",
+                tcp(&ext, sa(ip("fd78::5"), 80), DROP_TIMEOUT),
+                ConnErr::Timeout,
             );
         },
     );

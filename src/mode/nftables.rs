@@ -100,6 +100,10 @@ pub enum SetId {
     NoEndpointReject(EntryKind),
     /// `no-endpoint-drop-*`: entry points whose traffic policy finds no endpoint.
     NoEndpointDrop(EntryKind),
+    /// `no-local-endpoint-drop-*`: external entry points of eTP Local services
+    /// without a local endpoint: traffic from outside is dropped, the node's own
+    /// is short-circuited to the cluster endpoints (and pods' never gets here).
+    NoLocalEndpointDrop(EntryKind),
     /// `firewall-ips`: LB IPs with loadBalancerSourceRanges.
     FirewallIps,
     /// `firewall-allow-P`: `lb . proto . port . source network` of prefix length P.
@@ -191,6 +195,7 @@ impl SetId {
             SetId::ExternalLocal(k) => format!("external-local-{}", k.suffix()),
             SetId::NoEndpointReject(k) => format!("no-endpoint-reject-{}", k.suffix()),
             SetId::NoEndpointDrop(k) => format!("no-endpoint-drop-{}", k.suffix()),
+            SetId::NoLocalEndpointDrop(k) => format!("no-local-endpoint-drop-{}", k.suffix()),
             SetId::FirewallIps => "firewall-ips".into(),
             SetId::FirewallAllow(p) => format!("firewall-allow-{p}"),
             SetId::Hairpin => "hairpin".into(),
@@ -217,6 +222,7 @@ impl SetId {
                 SetId::ExternalLocal(k),
                 SetId::NoEndpointReject(k),
                 SetId::NoEndpointDrop(k),
+                SetId::NoLocalEndpointDrop(k),
             ]);
         }
         out
@@ -251,7 +257,8 @@ impl SetId {
             SetId::ExternalCluster(k)
             | SetId::ExternalLocal(k)
             | SetId::NoEndpointReject(k)
-            | SetId::NoEndpointDrop(k) => (k.key(family), vec![], plain),
+            | SetId::NoEndpointDrop(k)
+            | SetId::NoLocalEndpointDrop(k) => (k.key(family), vec![], plain),
             SetId::FirewallIps => (vec![addr, InetProto, InetService], vec![], plain),
             SetId::FirewallAllow(_) => (vec![addr, InetProto, InetService, addr], vec![], plain),
             SetId::Hairpin => (vec![addr, addr], vec![], plain),
@@ -965,7 +972,10 @@ impl FamilyRenderer {
                 .or_insert_with(|| claims.first().cloned());
             let decides = matches!(
                 set,
-                SetId::Classes(_) | SetId::NoEndpointReject(_) | SetId::NoEndpointDrop(_)
+                SetId::Classes(_)
+                    | SetId::NoEndpointReject(_)
+                    | SetId::NoEndpointDrop(_)
+                    | SetId::NoLocalEndpointDrop(_)
             );
             if decides && let Some(first) = claims.other_than(name) {
                 conflicts.push(format!(
@@ -1133,8 +1143,10 @@ impl FamilyRenderer {
                     push(&mut out, SetId::ExternalCluster(kind), key.clone(), vec![]);
                 }
             }
-            if !has_external {
+            if !has_endpoints {
                 push(&mut out, no_endpoint(kind), key, vec![]);
+            } else if !has_external {
+                push(&mut out, SetId::NoLocalEndpointDrop(kind), key, vec![]);
             }
         }
 
@@ -1452,6 +1464,17 @@ fn skeleton(
         Some("drop traffic whose traffic policy finds no endpoint"),
     );
     t.rule(
+        SERVICE_ENDPOINTS_CHECK,
+        b().fib_saddr_not_local()
+            .in_set(
+                &k3,
+                &SetId::NoLocalEndpointDrop(EntryKind::Ips).name(),
+                false,
+            )
+            .verdict(Verdict::Drop),
+        Some("drop external traffic to externalTrafficPolicy Local without a local endpoint"),
+    );
+    t.rule(
         NODEPORT_ENDPOINTS_CHECK,
         to_nodeport()
             .in_set(
@@ -1461,6 +1484,17 @@ fn skeleton(
             )
             .reject(),
         Some("reject NodePorts without endpoints"),
+    );
+    t.rule(
+        NODEPORT_ENDPOINTS_CHECK,
+        to_nodeport_from(b().fib_saddr_not_local())
+            .in_set(
+                &k2,
+                &SetId::NoLocalEndpointDrop(EntryKind::Nodeports).name(),
+                false,
+            )
+            .verdict(Verdict::Drop),
+        Some("drop external NodePort traffic to externalTrafficPolicy Local without a local endpoint"),
     );
     t.rule(
         NODEPORT_ENDPOINTS_CHECK,

@@ -190,7 +190,7 @@ fn external_local_goes_to_local_endpoints_and_short_circuits_pods_and_node() {
     );
     // No local endpoint: external traffic is dropped, the ClusterIP still works.
     let t = table(s, vec![ep("10.244.2.2", false)]);
-    assert!(element(&t, "no-endpoint-drop-nodeports", &np_key()).is_some());
+    assert!(element(&t, "no-local-endpoint-drop-nodeports", &np_key()).is_some());
     assert!(t.sets["classes-nodeports-local"].elements.is_empty());
     assert!(element(&t, "classes-ips", &class(&cip_key(), 1, 0)).is_some());
 }
