@@ -441,6 +441,34 @@ impl Daemon<'_> {
     }
 }
 
+/// Deletes the conntrack entries `stale` picks (given original and reply
+/// tuples), over ctnetlink; one dump per family. Returns how many went.
+pub(crate) fn clear_conntrack_where(
+    stale: impl Fn(
+        &kube_nlproxy_netlink::conntrack::CtTuple,
+        &kube_nlproxy_netlink::conntrack::CtTuple,
+    ) -> bool,
+) -> usize {
+    let handle = match kube_nlproxy_netlink::conntrack::ConntrackHandle::new() {
+        Ok(h) => h,
+        Err(e) => {
+            tracing::warn!("conntrack cleanup skipped: {e}");
+            return 0;
+        }
+    };
+    let mut total = 0;
+    for ipv6 in [false, true] {
+        match handle.delete_matching(ipv6, |e| stale(&e.orig, &e.reply)) {
+            Ok(n) => total += n,
+            Err(e) => tracing::warn!("conntrack cleanup failed: {e}"),
+        }
+    }
+    if total > 0 {
+        tracing::info!("deleted {total} stale conntrack entries");
+    }
+    total
+}
+
 /// Deletes the conntrack entries that `flows` describe (UDP/SCTP only), over
 /// ctnetlink; one dump per family.
 fn clear_stale_conntrack(flows: &[StaleFlow], metrics: &Metrics) {

@@ -148,14 +148,17 @@ fn nodeport_ips_in(cidrs: &[IpNet]) -> Result<NodePortAddresses, ProxierError> {
     Ok(NodePortAddresses::Ips(ips))
 }
 
-fn desired(cfg: &Config, objects: &Objects) -> Result<Vec<TableSpec>, ProxierError> {
+fn desired(
+    cfg: &Config,
+    objects: &Objects,
+) -> Result<(ClusterState, Vec<TableSpec>), ProxierError> {
     let state = build_state(cfg, objects);
     let opts = nftables_options(cfg, &state)?;
     let tables = desired_tables(&state, &opts);
     for conflict in tables.iter().flat_map(|t| &t.conflicts) {
         tracing::warn!("conflicting services: {conflict}");
     }
-    Ok(tables)
+    Ok((state, tables))
 }
 
 /// `kube-nlproxy plan`: print what a sync would send.
@@ -173,7 +176,7 @@ pub async fn plan(cfg: &Config) -> Result<(), ProxierError> {
         }
         Source::Kube => initial_objects(start_source(cfg).await?.as_ref()).await?,
     };
-    let tables = desired(cfg, &objects)?;
+    let (_, tables) = desired(cfg, &objects)?;
     let mut syncer = Syncer::new(NetlinkDataplane::new()?);
     let ops = syncer.plan(&tables)?;
     for op in &ops {
@@ -201,9 +204,9 @@ fn sync_objects(
     cfg: &Config,
     objects: &Objects,
     syncer: &mut Syncer<NetlinkDataplane>,
-) -> Result<Vec<TableSpec>, ProxierError> {
+) -> Result<(ClusterState, Vec<TableSpec>), ProxierError> {
     let started = Instant::now();
-    let tables = desired(cfg, objects)?;
+    let (state, tables) = desired(cfg, objects)?;
     let outcome = syncer.sync(&tables)?;
     let elapsed = started.elapsed();
     if outcome.ops.is_empty() {
@@ -215,7 +218,7 @@ fn sync_objects(
     } else {
         tracing::info!(full = outcome.full, ?elapsed, ops = ?outcome.ops, "sync: committed");
     }
-    Ok(tables)
+    Ok((state, tables))
 }
 
 /// Starts the configured source: the manifests at `--source file:PATH`, or the API
@@ -284,10 +287,16 @@ pub async fn run(cfg: &Config) -> Result<(), ProxierError> {
             }
             Source::Kube => initial_objects(start_source(cfg).await?.as_ref()).await?,
         };
-        let tables = sync_objects(cfg, &objects, &mut syncer)?;
+        let (state, tables) = sync_objects(cfg, &objects, &mut syncer)?;
         let differing = syncer.verify(&tables)?;
         if !differing.is_empty() {
             return Err(ProxierError::Mismatch(differing.join(" | ")));
+        }
+        // Like every sync: UDP/SCTP flows to endpoints that are gone must not
+        // stick to them. Without the previous state, judged by this one alone.
+        let stale = crate::sync::conntrack::StaleByState::new(&state);
+        if !stale.is_empty() {
+            crate::daemon::clear_conntrack_where(|orig, reply| stale.matches(orig, reply));
         }
         tracing::info!(elapsed = ?started.elapsed(), "sync complete; the kernel matches");
         for t in &tables {

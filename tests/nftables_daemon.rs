@@ -194,3 +194,28 @@ fn health_metrics_and_health_check_node_port() {
         "health-check node port still open after the service left"
     );
 }
+
+/// `--once` clears stale UDP flows too, judged by the new state alone.
+#[test]
+fn udp_flow_follows_a_replaced_backend_with_once() {
+    let mut t = Topo::new();
+    t.add_pod("client", Where::Local);
+    t.add_pod("old", Where::Local);
+    t.add_pod("new", Where::Remote);
+    let client = t.pod("client").ns.clone();
+    let vip = sa(ip("10.96.0.53"), 53);
+    let p = Proxy::new(&t, BIN);
+    p.write(&cluster(&udp_service(&t, "old")));
+    p.sync();
+    const SRC_PORT: u16 = 40054;
+    let r = udp(&client, vip, Some(SRC_PORT), SHORT).expect("service answers");
+    assert_eq!(r.pod, "old");
+    // The old pod keeps running: only a conntrack cleanup moves this flow.
+    p.write(&cluster(&udp_service(&t, "new")));
+    p.sync();
+    let r = udp(&client, vip, Some(SRC_PORT), SHORT).expect("service answers after --once");
+    assert_eq!(
+        r.pod, "new",
+        "the UDP flow kept its old backend after --once"
+    );
+}

@@ -126,6 +126,62 @@ fn serving(eps: Option<&Vec<Endpoint>>, family: IpFamily) -> BTreeSet<(IpAddr, u
     .unwrap_or_default()
 }
 
+/// Which UDP/SCTP flows are stale by `state` alone, without knowing what came
+/// before (a `--once` sync, a restart): a flow to a service entry point DNATed
+/// to an endpoint the entry point no longer has, or not DNATed at all although
+/// the entry point now has endpoints. TCP is never touched.
+#[derive(Debug, Clone, Default)]
+pub struct StaleByState {
+    /// `(address, port, proto)` of ClusterIPs, externalIPs, LB IPs → endpoints.
+    services: std::collections::HashMap<(IpAddr, u16, u8), BTreeSet<(IpAddr, u16)>>,
+    /// `(node port, proto, is IPv6)` → endpoints.
+    node_ports: std::collections::HashMap<(u16, u8, bool), BTreeSet<(IpAddr, u16)>>,
+}
+
+impl StaleByState {
+    /// The UDP/SCTP entry points of `state`.
+    pub fn new(state: &ClusterState) -> Self {
+        let mut out = StaleByState::default();
+        for ((name, family), svc) in &state.services {
+            if svc.name.protocol == Protocol::Tcp {
+                continue;
+            }
+            let proto = svc.name.protocol.number();
+            let eps = serving(state.endpoints.get(name), *family);
+            for addr in service_addrs(svc) {
+                out.services.insert((addr, svc.port, proto), eps.clone());
+            }
+            if let Some(port) = svc.node_port {
+                out.node_ports
+                    .insert((port, proto, *family == IpFamily::V6), eps.clone());
+            }
+        }
+        out
+    }
+
+    /// Whether nothing could be stale (no UDP or SCTP entry point).
+    pub fn is_empty(&self) -> bool {
+        self.services.is_empty() && self.node_ports.is_empty()
+    }
+
+    /// Whether the entry `orig`/`reply` is stale.
+    pub fn matches(&self, orig: &CtTuple, reply: &CtTuple) -> bool {
+        let dnat = reply.src != orig.dst || reply.sport != orig.dport;
+        let eps = self
+            .services
+            .get(&(orig.dst, orig.dport, orig.proto))
+            .or_else(|| {
+                self.node_ports
+                    .get(&(orig.dport, orig.proto, orig.dst.is_ipv6()))
+            });
+        match eps {
+            None => false,
+            Some(eps) if dnat => !eps.contains(&(reply.src, reply.sport)),
+            Some(eps) => !eps.is_empty(),
+        }
+    }
+}
+
 /// The entries a change from `prev` to `cur` made stale.
 pub fn stale_flows(prev: &ClusterState, cur: &ClusterState) -> Vec<StaleFlow> {
     let mut out = BTreeSet::new();
@@ -315,5 +371,30 @@ mod tests {
         // A direct flow to the pod, not through the service, stays.
         let direct = t("10.244.1.9", "10.244.1.2", 4000, 5353);
         assert!(!f.matches(&direct, &t("10.244.1.2", "10.244.1.9", 5353, 4000)));
+    }
+
+    #[test]
+    fn stale_by_state_alone() {
+        let tuple = |src: &str, sport, dst: &str, dport| CtTuple {
+            src: ip(src),
+            dst: ip(dst),
+            proto: 17,
+            sport,
+            dport,
+        };
+        let st = StaleByState::new(&state(Protocol::Udp, &["10.244.1.2"]));
+        let orig = tuple("10.244.1.9", 4000, "10.96.0.10", 53);
+        // DNATed to the current endpoint: kept; to another: stale.
+        assert!(!st.matches(&orig, &tuple("10.244.1.2", 5353, "10.244.1.9", 4000)));
+        assert!(st.matches(&orig, &tuple("10.244.1.3", 5353, "10.244.1.9", 4000)));
+        // Not DNATed although the service has endpoints: stale.
+        assert!(st.matches(&orig, &tuple("10.96.0.10", 53, "10.244.1.9", 4000)));
+        // The node port, DNATed elsewhere: stale; unrelated flows: kept.
+        let np = tuple("10.0.0.9", 4000, "10.77.0.1", 30053);
+        assert!(st.matches(&np, &tuple("10.244.1.3", 5353, "10.0.0.9", 4000)));
+        let other = tuple("10.244.1.9", 4000, "10.96.0.99", 53);
+        assert!(!st.matches(&other, &tuple("10.244.1.3", 5353, "10.244.1.9", 4000)));
+        // TCP services are never looked at.
+        assert!(StaleByState::new(&state(Protocol::Tcp, &["10.244.1.2"])).is_empty());
     }
 }
