@@ -162,16 +162,13 @@ impl RuleBuilder {
         self
     }
 
-    /// `ct state new`
-    pub fn ct_state_new(mut self) -> Self {
-        self.exprs.push(Expr::Ct {
-            key: CtKey::State,
-            dreg: REG1,
-        });
+    /// `ct KEY & BITS != 0`
+    fn ct_bits_set(mut self, key: CtKey, bits: u32) -> Self {
+        self.exprs.push(Expr::Ct { key, dreg: REG1 });
         self.exprs.push(Expr::Bitwise {
             sreg: REG1,
             dreg: REG1,
-            mask: CT_STATE_NEW.to_ne_bytes().to_vec(),
+            mask: bits.to_ne_bytes().to_vec(),
             xor: vec![0; 4],
         });
         self.exprs.push(Expr::Cmp {
@@ -182,7 +179,13 @@ impl RuleBuilder {
         self
     }
 
-    fn fib_local(mut self, addr: FibAddr) -> Self {
+    /// `ct state new`
+    pub fn ct_state_new(self) -> Self {
+        self.ct_bits_set(CtKey::State, CT_STATE_NEW)
+    }
+
+    /// `fib ADDR type local` (`op` Eq) or `type != local` (`op` Neq).
+    fn fib_local(mut self, addr: FibAddr, op: CmpOp) -> Self {
         self.exprs.push(Expr::Fib {
             addr,
             result: FibResult::AddrType,
@@ -190,7 +193,7 @@ impl RuleBuilder {
         });
         self.exprs.push(Expr::Cmp {
             sreg: REG1,
-            op: CmpOp::Eq,
+            op,
             data: RTN_LOCAL.to_ne_bytes().to_vec(),
         });
         self
@@ -198,12 +201,12 @@ impl RuleBuilder {
 
     /// `fib saddr type local`
     pub fn fib_saddr_local(self) -> Self {
-        self.fib_local(FibAddr::Source)
+        self.fib_local(FibAddr::Source, CmpOp::Eq)
     }
 
     /// `fib daddr type local`
     pub fn fib_daddr_local(self) -> Self {
-        self.fib_local(FibAddr::Destination)
+        self.fib_local(FibAddr::Destination, CmpOp::Eq)
     }
 
     fn ifname(mut self, name: &str, exact: bool, op: CmpOp) -> Self {
@@ -472,38 +475,13 @@ impl RuleBuilder {
     }
 
     /// `ct status dnat`
-    pub fn ct_status_dnat(mut self) -> Self {
-        self.exprs.push(Expr::Ct {
-            key: CtKey::Status,
-            dreg: REG1,
-        });
-        self.exprs.push(Expr::Bitwise {
-            sreg: REG1,
-            dreg: REG1,
-            mask: IPS_DST_NAT.to_ne_bytes().to_vec(),
-            xor: vec![0; 4],
-        });
-        self.exprs.push(Expr::Cmp {
-            sreg: REG1,
-            op: CmpOp::Neq,
-            data: vec![0; 4],
-        });
-        self
+    pub fn ct_status_dnat(self) -> Self {
+        self.ct_bits_set(CtKey::Status, IPS_DST_NAT)
     }
 
     /// `fib saddr type != local`
-    pub fn fib_saddr_not_local(mut self) -> Self {
-        self.exprs.push(Expr::Fib {
-            addr: FibAddr::Source,
-            result: FibResult::AddrType,
-            dreg: REG1,
-        });
-        self.exprs.push(Expr::Cmp {
-            sreg: REG1,
-            op: CmpOp::Neq,
-            data: RTN_LOCAL.to_ne_bytes().to_vec(),
-        });
-        self
+    pub fn fib_saddr_not_local(self) -> Self {
+        self.fib_local(FibAddr::Source, CmpOp::Neq)
     }
 
     /// `FIELDS vmap @MAP`

@@ -412,3 +412,72 @@ fn affinity_entries_of_removed_endpoints_are_deleted_after_the_commit() {
     restarted.sync_rendered(&renderer, &deltas).unwrap();
     assert!(held(&mut restarted).is_empty());
 }
+
+#[test]
+fn one_endpoint_change_among_10k_sends_a_constant_handful_and_a_noop_nothing() {
+    let mut state = ClusterState {
+        node: NodeInfo {
+            name: "node-a".into(),
+            ips: vec![addr(false, 77, 1)],
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let name = |i: usize| ServicePortName {
+        namespace: "ns".into(),
+        name: format!("s{i}"),
+        port_name: "p".into(),
+        protocol: Protocol::Tcp,
+    };
+    for i in 0..10_000usize {
+        let cip = Ipv4Addr::new(10, 96, (i >> 8) as u8, i as u8);
+        state.services.insert(
+            (name(i), IpFamily::V4),
+            ServicePort::new(name(i), IpFamily::V4, Some(IpAddr::V4(cip)), 80),
+        );
+        let eps = (0..2)
+            .map(|j| {
+                let n = i * 2 + j;
+                let ip = Ipv4Addr::new(10, 128 + (n >> 16) as u8, (n >> 8) as u8, n as u8);
+                Endpoint::ready(IpAddr::V4(ip), 8080, j == 0)
+            })
+            .collect();
+        state.endpoints.insert(name(i), eps);
+    }
+    let mut syncer = Syncer::new(FakeKernel::default());
+    let mut renderer = NftablesRenderer::default();
+    let (deltas, _) = renderer.update(&state, &opts());
+    assert!(syncer.sync_rendered(&renderer, &deltas).unwrap().full);
+    let commits = syncer.dataplane.commits;
+
+    for i in [17, 4242, 9999] {
+        state.endpoints.get_mut(&name(i)).unwrap()[1].ip = IpAddr::V4(Ipv4Addr::new(10, 250, 0, 1));
+        let (deltas, stats) = renderer.update_changed(&state, &opts(), &[name(i)]);
+        assert_eq!(stats.rendered, 1);
+        let outcome = syncer.sync_rendered(&renderer, &deltas).unwrap();
+        assert!(!outcome.full);
+        // The endpoint element and the endpoint's hairpin element, out and in.
+        assert_eq!(
+            outcome.ops,
+            BTreeMap::from([("add-element", 2), ("delete-element", 2)]),
+            "service {i}"
+        );
+        state.endpoints.get_mut(&name(i)).unwrap()[1].ip = IpAddr::V4(Ipv4Addr::new(
+            10,
+            128,
+            ((i * 2 + 1) >> 8) as u8,
+            (i * 2 + 1) as u8,
+        ));
+        renderer.update_changed(&state, &opts(), &[name(i)]);
+        syncer.request_full_sync();
+        syncer.sync_rendered(&renderer, &[]).unwrap();
+    }
+    // Nothing changed: nothing rendered, nothing sent, no transaction.
+    let commits_before = syncer.dataplane.commits;
+    let (deltas, stats) = renderer.update_changed(&state, &opts(), &[]);
+    assert_eq!(stats.rendered, 0);
+    let outcome = syncer.sync_rendered(&renderer, &deltas).unwrap();
+    assert!(outcome.ops.is_empty());
+    assert_eq!(syncer.dataplane.commits, commits_before);
+    assert!(commits_before > commits);
+}
