@@ -29,10 +29,13 @@
 //!
 //! Usage (root):
 //!   cargo bench --bench scale -- [N | NxE]... [--endpoints E] [--reps R]
-//!       [--connects C] [--nft-timeout SECS] [--write-docs]
+//!       [--connects C] [--nft-timeout SECS] [--write-docs] [--json FILE]
+//!   cargo bench --bench scale -- --from-json FILE [--write-docs]
 //! `--endpoints E` sets E for every plain N; `NxE` names both (`5000x50`).
 //! Default: `1000`. `--write-docs` writes docs/benchmarks.png and the results
-//! section of docs/benchmarks.md; without it nothing outside the terminal is written.
+//! section of docs/benchmarks.md; `--json FILE` saves the raw results and
+//! `--from-json FILE` re-prints (or re-writes the docs from) them without measuring.
+//! Without these options nothing outside the terminal is written.
 //! No timing assertions: a run fails only when a correctness check fails (re-render
 //! counts, the kernel not matching the desired state, a baseline tool failing).
 
@@ -1534,7 +1537,12 @@ fn draw_chart(rows: &[Row], args: &Args, path: &std::path::Path) -> Result<(), S
     ] {
         let pts: Vec<f64> = rows
             .iter()
-            .flat_map(|r| series.iter().filter_map(|(_, _, f)| f(r)).map(|(y, _)| y))
+            .flat_map(|r| {
+                series
+                    .iter()
+                    .filter_map(|(_, _, f)| f(r))
+                    .map(|(y, out)| if out { timeout } else { y })
+            })
             .filter(|y| *y > 0.0)
             .collect();
         let ymin = pts.iter().copied().fold(f64::INFINITY, f64::min).max(1e-6) / 2.0;
@@ -1542,12 +1550,20 @@ fn draw_chart(rows: &[Row], args: &Args, path: &std::path::Path) -> Result<(), S
         let ymax = pts.iter().copied().fold(0.0, f64::max).max(ymin * 4.0) * 40.0;
         let xmin = rows.iter().map(|r| r.n).min().unwrap_or(1) as f64 / 1.5;
         let xmax = rows.iter().map(|r| r.n).max().unwrap_or(1) as f64 * 1.5;
+        // 1-2-5 ticks: plotters' own log ticks collide at the decades.
+        let x_ticks: Vec<f64> = (0..8)
+            .flat_map(|d| [1.0, 2.0, 5.0].map(|m| m * 10f64.powi(d)))
+            .filter(|x| (xmin..=xmax).contains(x))
+            .collect();
         let mut chart = ChartBuilder::on(area)
             .caption(caption, ("sans-serif", 20))
             .margin(14)
             .x_label_area_size(44)
             .y_label_area_size(70)
-            .build_cartesian_2d((xmin..xmax).log_scale(), (ymin..ymax).log_scale())
+            .build_cartesian_2d(
+                (xmin..xmax).log_scale().with_key_points(x_ticks.clone()),
+                (ymin..ymax).log_scale(),
+            )
             .map_err(|e| e.to_string())?;
         chart
             .configure_mesh()
