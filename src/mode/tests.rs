@@ -259,6 +259,16 @@ fn two_services_on_one_address_keep_the_first_and_report_it() {
     );
 }
 
+/// The name of service `i` of [`many`].
+fn many_name(i: usize) -> ServicePortName {
+    ServicePortName {
+        namespace: "ns".into(),
+        name: format!("svc-{i}"),
+        port_name: "http".into(),
+        protocol: Protocol::Tcp,
+    }
+}
+
 fn many(n: usize) -> ClusterState {
     let mut state = ClusterState {
         node: NodeInfo {
@@ -269,12 +279,7 @@ fn many(n: usize) -> ClusterState {
         ..Default::default()
     };
     for i in 0..n {
-        let name = ServicePortName {
-            namespace: "ns".into(),
-            name: format!("svc-{i}"),
-            port_name: "http".into(),
-            protocol: Protocol::Tcp,
-        };
+        let name = many_name(i);
         let cip = std::net::Ipv4Addr::new(10, 96, (i >> 8) as u8, i as u8);
         let s = ServicePort::new(name.clone(), IpFamily::V4, Some(IpAddr::V4(cip)), 80);
         let eps = (0..2)
@@ -315,12 +320,7 @@ fn one_endpoint_change_among_10k_renders_one_port_and_changes_only_elements() {
     let mut state = many(10_000);
     let mut renderer = NftablesRenderer::default();
     renderer.update(&state, &opts());
-    let name = ServicePortName {
-        namespace: "ns".into(),
-        name: "svc-4242".into(),
-        port_name: "http".into(),
-        protocol: Protocol::Tcp,
-    };
+    let name = many_name(4242);
     state.endpoints.get_mut(&name).unwrap()[1].ip = ip("10.250.0.1");
     for (deltas, stats) in [
         renderer.update_changed(&state, &opts(), std::slice::from_ref(&name)),
@@ -354,12 +354,7 @@ fn a_new_endpoint_count_adds_one_rule_per_dispatch_chain() {
     let mut state = many(100);
     let mut renderer = NftablesRenderer::default();
     renderer.update(&state, &opts());
-    let name = ServicePortName {
-        namespace: "ns".into(),
-        name: "svc-7".into(),
-        port_name: "http".into(),
-        protocol: Protocol::Tcp,
-    };
+    let name = many_name(7);
     state
         .endpoints
         .get_mut(&name)
