@@ -525,12 +525,13 @@ impl Dataplane for MeteredDataplane {
     }
 
     fn apply(&mut self, ops: &[Op]) -> Result<(), SyncError> {
-        let r = self
-            .sock
-            .apply(ops)
-            .map_err(|e| SyncError::Apply(e.to_string()));
+        let r = self.sock.apply(ops).map_err(SyncError::Apply);
         self.batches.push(batch_stats(&self.sock));
         r
+    }
+
+    fn messages_sent(&self) -> u64 {
+        self.sock.messages_sent()
     }
 }
 

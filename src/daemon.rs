@@ -1,7 +1,7 @@
 //! The long-running proxy: follows a source, syncs through the bounded-frequency
 //! runner, and keeps the side channels kube-proxy has up to date — health
 //! (`/healthz`, `/livez`), metrics, health-check node ports and stale UDP/SCTP
-//! conntrack entries.
+//! conntrack entries. Each sync is one [`Driver::sync_once`].
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{IpAddr, SocketAddr};
@@ -11,113 +11,29 @@ use std::time::{Duration, Instant, SystemTime};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::config::Config;
-use crate::mode::nftables::{NftablesOptions, NftablesRenderer, NodePortAddresses};
-use crate::model::{
-    ClusterState, IpFamily, ModelTracker, ModelUpdate, ServicePortName, TrafficPolicy,
-    categorize_endpoints,
-};
-use crate::proxier::{ProxierError, build_options, nftables_options};
+use crate::driver::{Driver, Host, Mode, Synced};
+use crate::mode::nftables::NodePortAddresses;
+use crate::model::{ClusterState, IpFamily, ServicePortName, TrafficPolicy, categorize_endpoints};
 use crate::serve::{
     self, Metrics, NodeEligibility, ProxyHealth, ServiceHealthServer, TrafficPolicy as Policy,
 };
 use crate::source::{ObjectChanges, ObjectSource, Objects};
-use crate::sync::conntrack::{StaleFlow, stale_flows};
 use crate::sync::runner::{BoundedFrequencyRunner, RunReason};
-use crate::sync::{NetlinkDataplane, Syncer};
 
-/// A proxy mode as the daemon drives it: program a cluster state, report what was
-/// sent.
-pub trait Backend {
-    /// `/proxyMode` and metric label: `nftables` or `ipvs`.
-    fn mode(&self) -> &'static str;
-    /// Brings the kernel to `state`; returns operation counts by kind (empty:
-    /// nothing was sent). `opts` are the flags resolved against the node, once per
-    /// sync by the daemon. `changed`: the only service ports that changed since
-    /// the last call (`None`: anything may have).
-    fn sync(
-        &mut self,
-        cfg: &Config,
-        state: &ClusterState,
-        opts: &NftablesOptions,
-        changed: Option<&[ServicePortName]>,
-    ) -> Result<BTreeMap<&'static str, usize>, ProxierError>;
-    /// Makes the next sync read the kernel back.
-    fn request_full_sync(&mut self);
-    /// Netlink messages sent so far.
-    fn messages_sent(&self) -> u64;
-    /// When the next sync is needed without any change (e.g. draining real
-    /// servers to re-check).
-    fn recheck_after(&self) -> Option<Duration> {
-        None
-    }
-}
-
-/// nftables mode: the desired tables kept service by service, so a sync renders
-/// and sends only what changed.
-pub struct NftablesBackend {
-    syncer: Syncer<NetlinkDataplane>,
-    renderer: NftablesRenderer,
-}
-
-impl NftablesBackend {
-    /// Over `syncer`.
-    pub fn new(syncer: Syncer<NetlinkDataplane>) -> Self {
-        NftablesBackend {
-            syncer,
-            renderer: NftablesRenderer::default(),
-        }
-    }
-}
-
-impl Backend for NftablesBackend {
-    fn mode(&self) -> &'static str {
-        "nftables"
-    }
-
-    fn sync(
-        &mut self,
-        _cfg: &Config,
-        state: &ClusterState,
-        opts: &NftablesOptions,
-        changed: Option<&[ServicePortName]>,
-    ) -> Result<BTreeMap<&'static str, usize>, ProxierError> {
-        let (deltas, stats) = match changed {
-            Some(changed) => self.renderer.update_changed(state, opts, changed),
-            None => self.renderer.update(state, opts),
-        };
-        for conflict in &stats.conflicts {
-            tracing::warn!("conflicting services: {conflict}");
-        }
-        let outcome = self.syncer.sync_rendered(&self.renderer, &deltas)?;
-        tracing::debug!(
-            rendered = stats.rendered,
-            node_changed = stats.node_changed,
-            full = outcome.full,
-            "nftables sync"
-        );
-        Ok(outcome.ops)
-    }
-
-    fn request_full_sync(&mut self) {
-        self.syncer.request_full_sync();
-    }
-
-    fn messages_sent(&self) -> u64 {
-        self.syncer.dataplane().messages_sent()
-    }
+/// The daemon stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// The source stopped delivering updates.
+    #[error("the object source ended")]
+    SourceEnded,
 }
 
 /// What the daemon remembers between syncs.
-struct Daemon<'a> {
-    cfg: &'a Config,
-    backend: &'a mut dyn Backend,
+struct Daemon<'a, M, H> {
+    driver: &'a mut Driver<M, H>,
     health: Arc<ProxyHealth>,
     metrics: Arc<Metrics>,
     service_health: Option<ServiceHealthServer>,
-    /// The cluster state, kept object by object.
-    tracker: ModelTracker,
-    /// What the last failed syncs changed, to hand on to the next one.
-    pending: Option<ModelUpdate>,
     /// Health-check node ports and local-endpoint counts, per service port.
     health_index: HealthIndex,
     /// For a source that does not track changes: its last snapshot, to diff.
@@ -241,43 +157,7 @@ fn keys<T>(changes: &[((String, String), Option<T>)]) -> BTreeSet<String> {
         .collect()
 }
 
-/// The service ports in `changed`, as they are in `state` (for a stale-flow
-/// comparison with the same ports before).
-fn restricted(state: &ClusterState, changed: &[ServicePortName]) -> ClusterState {
-    let mut out = ClusterState {
-        node: state.node.clone(),
-        ..ClusterState::default()
-    };
-    for name in changed {
-        for family in IpFamily::ALL {
-            let key = (name.clone(), family);
-            if let Some(svc) = state.services.get(&key) {
-                out.services.insert(key, svc.clone());
-            }
-        }
-        if let Some(eps) = state.endpoints.get(name) {
-            out.endpoints.insert(name.clone(), eps.clone());
-        }
-    }
-    out
-}
-
-/// Merges what a later update changed into an earlier one that was not synced.
-fn merge_updates(mut earlier: ModelUpdate, later: ModelUpdate) -> ModelUpdate {
-    earlier.changed.extend(later.changed);
-    earlier.changed.sort();
-    earlier.changed.dedup();
-    earlier.node_changed |= later.node_changed;
-    for (k, v) in later.before.services {
-        earlier.before.services.entry(k).or_insert(v);
-    }
-    for (k, v) in later.before.endpoints {
-        earlier.before.endpoints.entry(k).or_insert(v);
-    }
-    earlier
-}
-
-impl Daemon<'_> {
+impl<M: Mode, H: Host> Daemon<'_, M, H> {
     /// The changes of `source` since the last sync: tracked by the source, or
     /// the difference of two snapshots.
     fn changes_of(&mut self, source: &dyn ObjectSource) -> ObjectChanges {
@@ -303,74 +183,59 @@ impl Daemon<'_> {
             .set_service_changes_pending(changes.services.len() as u64);
         self.metrics
             .set_endpoint_changes_pending(changes.endpoint_slices.len() as u64);
-        let update = self.tracker.apply(changes);
-        for w in &update.new_warnings {
-            tracing::warn!("skipped: {w}");
-        }
-        let update = match self.pending.take() {
-            Some(earlier) => merge_updates(earlier, update),
-            None => update,
-        };
-        let state = self.tracker.state();
-
+        let result = self.driver.sync_once(changes);
+        let state = self.driver.state();
         let node = self
-            .tracker
+            .driver
+            .tracker()
             .nodes()
             .iter()
             .find(|n| n.metadata.name.as_deref() == Some(state.node.name.as_str()));
         self.health.set_node(node.map(NodeEligibility::of));
-
-        let opts = match nftables_options(self.cfg, state) {
-            Ok(opts) => opts,
+        let synced = match result {
+            Ok(synced) => synced,
             Err(e) => {
-                tracing::error!("sync failed: {e}");
+                tracing::error!(
+                    "sync failed, the next one reads the kernel back: {}",
+                    crate::ErrorChain(&e)
+                );
                 self.metrics.inc_sync_failures();
-                self.pending = Some(update);
-                return false;
-            }
-        };
-        let changed = (!update.node_changed).then_some(update.changed.as_slice());
-        let ops = match self.backend.sync(self.cfg, state, &opts, changed) {
-            Ok(ops) => ops,
-            Err(e) => {
-                tracing::error!("sync failed, the next one reads the kernel back: {e}");
-                self.backend.request_full_sync();
-                self.metrics.inc_sync_failures();
-                self.pending = Some(update);
                 return false;
             }
         };
         let elapsed = started.elapsed();
-        if ops.is_empty() {
+        if synced.report.ops.is_empty() {
             tracing::debug!(?elapsed, "sync: kernel already up to date");
         } else {
             tracing::info!(
                 ?elapsed,
-                ?ops,
-                changed = update.changed.len(),
+                ops = ?synced.report.ops,
+                full = synced.report.full,
+                changed = synced.changed.len(),
                 "sync: committed"
             );
         }
-        self.record_success(&ops, elapsed, &changed_slices);
+        self.record_success(&synced, elapsed, &changed_slices);
 
-        let state = self.tracker.state();
+        let state = self.driver.state();
         if self
             .health_index
-            .update(state, &update.changed, update.node_changed)
+            .update(state, &synced.changed, synced.node_changed)
             || self.service_health.is_none()
         {
-            self.update_service_health(&opts.nodeport_addresses).await;
-        }
-        if !update.changed.is_empty() {
-            let now = restricted(self.tracker.state(), &update.changed);
-            clear_stale_conntrack(&stale_flows(&update.before, &now), &self.metrics);
+            let nodeports = self
+                .driver
+                .node_context()
+                .map(|n| n.options.nodeport_addresses.clone())
+                .unwrap_or(NodePortAddresses::All);
+            self.update_service_health(&nodeports).await;
         }
         true
     }
 
     fn record_success(
         &mut self,
-        ops: &BTreeMap<&'static str, usize>,
+        synced: &Synced,
         elapsed: Duration,
         changed_slices: &BTreeSet<String>,
     ) {
@@ -378,21 +243,28 @@ impl Daemon<'_> {
         self.metrics.observe_sync_duration(elapsed);
         self.metrics.set_last_sync_now();
         self.metrics
-            .set_sync_operations(ops.iter().map(|(k, v)| (*k, *v)));
+            .set_sync_operations(synced.report.ops.iter().map(|(k, v)| (*k, *v)));
         self.metrics.set_endpoint_changes_pending(0);
         self.metrics.set_service_changes_pending(0);
-        let sent = self.backend.messages_sent();
+        for (family, n) in [IpFamily::V4, IpFamily::V6]
+            .into_iter()
+            .zip(synced.conntrack_deleted)
+        {
+            self.metrics.add_conntrack_deleted(family, n);
+        }
+        let mode = self.driver.mode();
+        let sent = mode.messages_sent();
         self.metrics
-            .add_netlink_messages(self.backend.mode(), sent - self.netlink_messages);
+            .add_netlink_messages(mode.name(), sent.saturating_sub(self.netlink_messages));
         self.netlink_messages = sent;
         // Network programming latency: from the change that caused an
         // EndpointSlice update (its trigger-time annotation) to now.
         let now = SystemTime::now();
         for key in changed_slices {
-            let Some(t) = self
-                .tracker
-                .trigger_time(key)
-                .and_then(|s| serde_json::from_value::<Time>(serde_json::Value::String(s)).ok())
+            let Some(t) =
+                self.driver.tracker().trigger_time(key).and_then(|s| {
+                    serde_json::from_value::<Time>(serde_json::Value::String(s)).ok()
+                })
             else {
                 continue;
             };
@@ -441,69 +313,6 @@ impl Daemon<'_> {
     }
 }
 
-/// Deletes the conntrack entries `stale` picks (given original and reply
-/// tuples), over ctnetlink; one dump per family. Returns how many went.
-pub(crate) fn clear_conntrack_where(
-    stale: impl Fn(
-        &kube_nlproxy_netlink::conntrack::CtTuple,
-        &kube_nlproxy_netlink::conntrack::CtTuple,
-    ) -> bool,
-) -> usize {
-    let handle = match kube_nlproxy_netlink::conntrack::ConntrackHandle::new() {
-        Ok(h) => h,
-        Err(e) => {
-            tracing::warn!("conntrack cleanup skipped: {e}");
-            return 0;
-        }
-    };
-    let mut total = 0;
-    for ipv6 in [false, true] {
-        match handle.delete_matching(ipv6, |e| stale(&e.orig, &e.reply)) {
-            Ok(n) => total += n,
-            Err(e) => tracing::warn!("conntrack cleanup failed: {e}"),
-        }
-    }
-    if total > 0 {
-        tracing::info!("deleted {total} stale conntrack entries");
-    }
-    total
-}
-
-/// Deletes the conntrack entries that `flows` describe (UDP/SCTP only), over
-/// ctnetlink; one dump per family.
-fn clear_stale_conntrack(flows: &[StaleFlow], metrics: &Metrics) {
-    if flows.is_empty() {
-        return;
-    }
-    let handle = match kube_nlproxy_netlink::conntrack::ConntrackHandle::new() {
-        Ok(h) => h,
-        Err(e) => {
-            tracing::warn!("conntrack cleanup skipped: {e}");
-            return;
-        }
-    };
-    for (ipv6, family) in [(false, IpFamily::V4), (true, IpFamily::V6)] {
-        let relevant: Vec<&StaleFlow> = flows
-            .iter()
-            .filter(|f| f.is_ipv6().is_none_or(|v6| v6 == ipv6))
-            .collect();
-        if relevant.is_empty() {
-            continue;
-        }
-        match handle.delete_matching(ipv6, |e| {
-            relevant.iter().any(|f| f.matches(&e.orig, &e.reply))
-        }) {
-            Ok(n) => {
-                if n > 0 {
-                    tracing::info!("deleted {n} stale conntrack entries");
-                }
-                metrics.add_conntrack_deleted(family, n as u64);
-            }
-            Err(e) => tracing::warn!("conntrack cleanup failed: {e}"),
-        }
-    }
-}
-
 fn bind_address(flag: &str, what: &str) -> Option<SocketAddr> {
     if flag.is_empty() || flag == "0" {
         return None;
@@ -518,12 +327,12 @@ fn bind_address(flag: &str, what: &str) -> Option<SocketAddr> {
 }
 
 /// Runs the proxy on `source` until SIGTERM/SIGINT.
-pub async fn run(
+pub async fn run<M: Mode, H: Host>(
     cfg: &Config,
     source: &dyn ObjectSource,
-    backend: &mut dyn Backend,
-) -> Result<(), ProxierError> {
-    let mode = backend.mode();
+    driver: &mut Driver<M, H>,
+) -> Result<(), DaemonError> {
+    let mode = driver.mode().name();
     let health = Arc::new(ProxyHealth::new(cfg.sync_period));
     let metrics = Arc::new(Metrics::new());
     if let Some(addr) = bind_address(&cfg.healthz_bind_address, "--healthz-bind-address") {
@@ -548,13 +357,10 @@ pub async fn run(
     metrics.set_last_queued_now();
 
     let mut daemon = Daemon {
-        cfg,
-        backend,
+        driver,
         health: health.clone(),
         metrics: metrics.clone(),
         service_health: None,
-        tracker: ModelTracker::new(build_options(cfg)),
-        pending: None,
         health_index: HealthIndex::default(),
         last_snapshot: None,
         netlink_messages: 0,
@@ -565,7 +371,7 @@ pub async fn run(
     // must never be programmed over a working one.
     while *changes.borrow_and_update() == 0 {
         tokio::select! {
-            r = changes.changed() => if r.is_err() { return Err(ProxierError::SourceEnded) },
+            r = changes.changed() => if r.is_err() { return Err(DaemonError::SourceEnded) },
             _ = &mut terminate => return Ok(()),
         }
     }
@@ -576,11 +382,11 @@ pub async fn run(
     );
     loop {
         let now = tokio::time::Instant::now();
-        let recheck = daemon.backend.recheck_after();
+        let recheck = daemon.driver.mode().recheck_after();
         if let Some(reason) = runner.due(now) {
             if reason == RunReason::Periodic {
                 // Read the kernel back: repairs drift nobody told us about.
-                daemon.backend.request_full_sync();
+                daemon.driver.mode_mut().request_full_sync();
             }
             let changes = daemon.changes_of(source);
             let ok = daemon.sync(changes).await;
@@ -590,7 +396,7 @@ pub async fn run(
         tokio::select! {
             changed = changes.changed() => {
                 if changed.is_err() {
-                    return Err(ProxierError::SourceEnded);
+                    return Err(DaemonError::SourceEnded);
                 }
                 health.queued_update();
                 metrics.set_last_queued_now();

@@ -1,12 +1,29 @@
 //! kube-nlproxy: a Kubernetes service proxy that programs the Linux dataplane over
-//! netlink only. Data flows one way: `source -> model -> mode -> sync -> netlink`.
+//! netlink only. Data flows one way: `source -> model -> mode -> sync -> netlink`;
+//! [`driver`] runs one sync over that chain, [`daemon`] runs it in a loop with
+//! the side channels, [`proxier`] is the commands.
 
 pub mod config;
 pub mod daemon;
-pub mod ipvs_proxier;
+pub mod driver;
 pub mod mode;
 pub mod model;
 pub mod proxier;
 pub mod serve;
 pub mod source;
 pub mod sync;
+
+/// Displays an error with every cause behind it: `a: b: c`.
+pub struct ErrorChain<'a>(pub &'a (dyn std::error::Error + 'static));
+
+impl std::fmt::Display for ErrorChain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut cause = self.0.source();
+        while let Some(e) = cause {
+            write!(f, ": {e}")?;
+            cause = e.source();
+        }
+        Ok(())
+    }
+}

@@ -47,13 +47,13 @@ fn main() -> ExitCode {
         match cfg.command {
             Command::Run => proxier::run(&cfg).await,
             Command::Plan => proxier::plan(&cfg).await,
-            Command::Cleanup => proxier::cleanup(),
+            Command::Cleanup => proxier::cleanup(&cfg),
         }
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("kube-nlproxy: {e}");
+            eprintln!("kube-nlproxy: {}", kube_nlproxy::ErrorChain(&e));
             ExitCode::FAILURE
         }
     }

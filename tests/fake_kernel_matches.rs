@@ -208,8 +208,10 @@ fn both_reject_a_bad_transaction_and_keep_nothing_of_it() {
         ];
         let k_err = kernel.apply(&bad).unwrap_err();
         let f_err = fake.apply(&bad).unwrap_err();
-        assert!(k_err.to_string().contains("services"), "{k_err}");
-        assert!(f_err.to_string().contains("services"), "{f_err}");
+        let k_err = kube_nlproxy::ErrorChain(&k_err).to_string();
+        let f_err = kube_nlproxy::ErrorChain(&f_err).to_string();
+        assert!(k_err.contains("services"), "{k_err}");
+        assert!(f_err.contains("services"), "{f_err}");
         assert_eq!(kernel.dump(Family::Ipv4, TABLE).unwrap(), before);
         assert_eq!(fake.dump(Family::Ipv4, TABLE).unwrap(), before);
     });

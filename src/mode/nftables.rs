@@ -1188,7 +1188,8 @@ impl FamilyRenderer {
             if hairpin.insert(ep.ip) {
                 out.elements.push((
                     SetId::Hairpin,
-                    Element::new(vec![KeyValue::Addr(ep.ip), KeyValue::Addr(ep.ip)]),
+                    Element::new(vec![KeyValue::Addr(ep.ip), KeyValue::Addr(ep.ip)])
+                        .with_comment(port_comment(&svc.name)),
                 ));
             }
         }

@@ -31,13 +31,18 @@ pub struct FakeKernel {
     tables: BTreeMap<(Family, String), FakeTable>,
     /// Number of successful transactions.
     pub commits: usize,
+    /// Netlink messages a kernel would have received: each batch's operations
+    /// with its begin and end, and one request per dump.
+    pub messages: u64,
 }
 
 fn err(op: &Op, errno: i32) -> SyncError {
-    SyncError::Apply(format!(
-        "{op}: {}",
-        std::io::Error::from_raw_os_error(errno)
-    ))
+    SyncError::Apply(kube_nlproxy_netlink::nft::NftError::BatchRejected {
+        index: 0,
+        op: op.to_string(),
+        errno,
+        message: None,
+    })
 }
 
 fn rule_refs(rule: &Rule) -> (Vec<String>, Vec<String>) {
@@ -254,6 +259,7 @@ impl FakeKernel {
 
 impl Dataplane for FakeKernel {
     fn dump(&mut self, family: Family, table: &str) -> Result<Option<TableSnapshot>, SyncError> {
+        self.messages += 1;
         Ok(self
             .tables
             .get(&(family, table.to_string()))
@@ -290,6 +296,7 @@ impl Dataplane for FakeKernel {
         family: Family,
         set: &Set,
     ) -> Result<Option<Vec<Element>>, SyncError> {
+        self.messages += 1;
         Ok(self
             .tables
             .get(&(family, super::TABLE.to_string()))
@@ -298,14 +305,26 @@ impl Dataplane for FakeKernel {
     }
 
     fn apply(&mut self, ops: &[Op]) -> Result<(), SyncError> {
+        self.messages += ops.len() as u64 + 2;
         let saved = self.tables.clone();
-        for op in ops {
-            if let Err(e) = self.apply_one(op) {
+        for (index, op) in ops.iter().enumerate() {
+            if let Err(mut e) = self.apply_one(op) {
+                if let SyncError::Apply(kube_nlproxy_netlink::nft::NftError::BatchRejected {
+                    index: i,
+                    ..
+                }) = &mut e
+                {
+                    *i = index;
+                }
                 self.tables = saved;
                 return Err(e);
             }
         }
         self.commits += 1;
         Ok(())
+    }
+
+    fn messages_sent(&self) -> u64 {
+        self.messages
     }
 }

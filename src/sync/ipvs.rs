@@ -38,32 +38,38 @@ use crate::mode::ipvs::{
 };
 use crate::model::{IpFamily, Protocol};
 
+/// A cause, kept whole (its own `source()` chain and errno included).
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
 /// Errors of the ipvs mode's sync.
 #[derive(Debug, thiserror::Error)]
 pub enum IpvsSyncError {
     /// Opening a netlink socket failed (e.g. no IPVS in the kernel).
-    #[error("opening the {what} netlink socket failed: {message}")]
+    #[error("opening the {what} netlink socket failed")]
     Socket {
         /// `IPVS`, `ipset`, `rtnetlink`
         what: &'static str,
         /// cause
-        message: String,
+        #[source]
+        source: BoxError,
     },
     /// Reading the current state failed.
-    #[error("reading {what} back failed: {message}")]
+    #[error("reading {what} back failed")]
     DumpFailed {
         /// what was read
         what: String,
         /// cause
-        message: String,
+        #[source]
+        source: BoxError,
     },
     /// One operation failed; the ones before it were applied.
-    #[error("{op} failed: {message}")]
+    #[error("{op} failed")]
     ApplyFailed {
         /// the operation
         op: String,
         /// cause
-        message: String,
+        #[source]
+        source: BoxError,
     },
 }
 
@@ -554,7 +560,7 @@ impl IpvsDataplane for FakeIpvs {
             .apply(op)
             .map_err(|e| IpvsSyncError::ApplyFailed {
                 op: op.to_string(),
-                message: e.to_string(),
+                source: e.into(),
             })?;
         self.log.push(op.clone());
         Ok(())
@@ -563,7 +569,7 @@ impl IpvsDataplane for FakeIpvs {
     fn dests(&mut self, service: &IpvsService) -> Result<Vec<IpvsDestination>, IpvsSyncError> {
         let key = vs_key(service).ok_or_else(|| IpvsSyncError::DumpFailed {
             what: "real servers".into(),
-            message: "not a TCP/UDP/SCTP service".into(),
+            source: "not a TCP/UDP/SCTP service".into(),
         })?;
         Ok(self
             .state
@@ -610,7 +616,7 @@ impl NetlinkIpvs {
     pub fn new() -> Result<Self, IpvsSyncError> {
         let ipvs = IpvsHandle::new().map_err(|e| IpvsSyncError::Socket {
             what: "IPVS",
-            message: e.to_string(),
+            source: e.into(),
         })?;
         let mut me = Self::without_ipvs()?;
         me.ipvs = Some(ipvs);
@@ -625,51 +631,50 @@ impl NetlinkIpvs {
             ipvs: None,
             ipset: IpsetHandle::new().map_err(|e| IpvsSyncError::Socket {
                 what: "ipset",
-                message: e.to_string(),
+                source: e.into(),
             })?,
             link: LinkHandle::new().map_err(|e| IpvsSyncError::Socket {
                 what: "rtnetlink",
-                message: e.to_string(),
+                source: e.into(),
             })?,
         })
     }
 
-    fn ifindex(&mut self) -> Result<u32, String> {
+    fn ifindex(&mut self) -> Result<u32, BoxError> {
         if let Some(i) = self.dummy_index {
             return Ok(i);
         }
         let i = self
             .link
-            .link_index(DUMMY_LINK)
-            .map_err(|e| e.to_string())?
+            .link_index(DUMMY_LINK)?
             .ok_or_else(|| format!("{DUMMY_LINK} does not exist"))?;
         self.dummy_index = Some(i);
         Ok(i)
     }
 
-    fn ipvs(&self) -> Result<&IpvsHandle, String> {
+    fn ipvs(&self) -> Result<&IpvsHandle, BoxError> {
         self.ipvs
             .as_ref()
-            .ok_or_else(|| "the kernel has no IPVS".to_string())
+            .ok_or_else(|| "the kernel has no IPVS".into())
     }
 }
 
 impl IpvsDataplane for NetlinkIpvs {
     fn dump(&mut self) -> Result<IpvsCurrent, IpvsSyncError> {
-        let failed = |what: &str, e: String| IpvsSyncError::DumpFailed {
+        let failed = |what: &str, e: BoxError| IpvsSyncError::DumpFailed {
             what: what.to_string(),
-            message: e,
+            source: e,
         };
         let mut cur = IpvsCurrent::default();
         if let Some(ipvs) = &self.ipvs {
             for s in ipvs
                 .list_services()
-                .map_err(|e| failed("IPVS services", e.to_string()))?
+                .map_err(|e| failed("IPVS services", e.into()))?
             {
                 let Some(key) = vs_key(&s) else { continue };
                 let dests = ipvs
                     .list_destinations(&s)
-                    .map_err(|e| failed(&format!("real servers of {key}"), e.to_string()))?
+                    .map_err(|e| failed(&format!("real servers of {key}"), e.into()))?
                     .into_iter()
                     .map(|d| ((d.addr, d.port), d))
                     .collect();
@@ -679,18 +684,18 @@ impl IpvsDataplane for NetlinkIpvs {
         self.dummy_index = self
             .link
             .link_index(DUMMY_LINK)
-            .map_err(|e| failed(DUMMY_LINK, e.to_string()))?;
+            .map_err(|e| failed(DUMMY_LINK, e.into()))?;
         if let Some(idx) = self.dummy_index {
             let addrs = self
                 .link
                 .list_addresses(idx)
-                .map_err(|e| failed(DUMMY_LINK, e.to_string()))?;
+                .map_err(|e| failed(DUMMY_LINK, e.into()))?;
             cur.dummy = Some(addrs.into_iter().map(|(a, _)| a).collect());
         }
         let existing: BTreeSet<String> = self
             .ipset
             .list_names()
-            .map_err(|e| failed("ipset names", e.to_string()))?
+            .map_err(|e| failed("ipset names", e.into()))?
             .into_iter()
             .collect();
         for name in owned_ipset_names() {
@@ -700,11 +705,11 @@ impl IpvsDataplane for NetlinkIpvs {
             let listing = self
                 .ipset
                 .list(&name)
-                .map_err(|e| failed(&format!("ipset {name}"), e.to_string()))?;
+                .map_err(|e| failed(&format!("ipset {name}"), e.into()))?;
             let kind = IpsetType::from_name(&listing.type_name);
             let members = match listing.members() {
                 Some(Ok(m)) => m.into_iter().collect(),
-                Some(Err(e)) => return Err(failed(&format!("ipset {name}"), e.to_string())),
+                Some(Err(e)) => return Err(failed(&format!("ipset {name}"), e.into())),
                 None => BTreeSet::new(),
             };
             cur.ipsets.insert(name, CurrentIpset { kind, members });
@@ -713,65 +718,63 @@ impl IpvsDataplane for NetlinkIpvs {
     }
 
     fn apply(&mut self, op: &IpvsOp) -> Result<(), IpvsSyncError> {
-        let r: Result<(), String> = (|| {
-            let e = |e: &dyn std::fmt::Display| e.to_string();
-            match op {
-                IpvsOp::EnsureDummy => {
-                    self.dummy_index = None;
-                    let i = self.link.ensure_dummy(DUMMY_LINK).map_err(|x| e(&x))?;
-                    self.dummy_index = Some(i);
-                    Ok(())
-                }
-                IpvsOp::DeleteDummy => {
-                    self.dummy_index = None;
-                    self.link
-                        .delete_link(DUMMY_LINK)
-                        .map(|_| ())
-                        .map_err(|x| e(&x))
-                }
-                IpvsOp::AddAddress(a) => {
-                    let idx = self.ifindex()?;
-                    self.link
-                        .add_address(idx, *a, host_prefix(a))
-                        .map(|_| ())
-                        .map_err(|x| e(&x))
-                }
-                IpvsOp::DelAddress(a) => {
-                    let idx = self.ifindex()?;
-                    self.link
-                        .del_address(idx, *a, host_prefix(a))
-                        .map(|_| ())
-                        .map_err(|x| e(&x))
-                }
-                IpvsOp::AddService(s) => self.ipvs()?.add_service(s).map_err(|x| e(&x)),
-                IpvsOp::UpdateService(s) => self.ipvs()?.update_service(s).map_err(|x| e(&x)),
-                IpvsOp::DelService(s) => self.ipvs()?.del_service(s).map_err(|x| e(&x)),
-                IpvsOp::AddDest(s, d) => self.ipvs()?.add_destination(s, d).map_err(|x| e(&x)),
-                IpvsOp::UpdateDest(s, d) => {
-                    self.ipvs()?.update_destination(s, d).map_err(|x| e(&x))
-                }
-                IpvsOp::DelDest(s, d) => self.ipvs()?.del_destination(s, d).map_err(|x| e(&x)),
-                IpvsOp::CreateIpset(c) => self.ipset.create(c, false).map_err(|x| e(&x)),
-                IpvsOp::DestroyIpset(n) => self.ipset.destroy(n).map_err(|x| e(&x)),
-                IpvsOp::AddMembers(n, m) => self.ipset.add(n, m, true).map_err(|x| e(&x)),
-                IpvsOp::DelMembers(n, m) => self.ipset.del(n, m, true).map_err(|x| e(&x)),
+        let r: Result<(), BoxError> = (|| match op {
+            IpvsOp::EnsureDummy => {
+                self.dummy_index = None;
+                let i = self.link.ensure_dummy(DUMMY_LINK).map_err(BoxError::from)?;
+                self.dummy_index = Some(i);
+                Ok(())
             }
+            IpvsOp::DeleteDummy => {
+                self.dummy_index = None;
+                self.link
+                    .delete_link(DUMMY_LINK)
+                    .map(|_| ())
+                    .map_err(BoxError::from)
+            }
+            IpvsOp::AddAddress(a) => {
+                let idx = self.ifindex()?;
+                self.link
+                    .add_address(idx, *a, host_prefix(a))
+                    .map(|_| ())
+                    .map_err(BoxError::from)
+            }
+            IpvsOp::DelAddress(a) => {
+                let idx = self.ifindex()?;
+                self.link
+                    .del_address(idx, *a, host_prefix(a))
+                    .map(|_| ())
+                    .map_err(BoxError::from)
+            }
+            IpvsOp::AddService(s) => self.ipvs()?.add_service(s).map_err(BoxError::from),
+            IpvsOp::UpdateService(s) => self.ipvs()?.update_service(s).map_err(BoxError::from),
+            IpvsOp::DelService(s) => self.ipvs()?.del_service(s).map_err(BoxError::from),
+            IpvsOp::AddDest(s, d) => self.ipvs()?.add_destination(s, d).map_err(BoxError::from),
+            IpvsOp::UpdateDest(s, d) => self
+                .ipvs()?
+                .update_destination(s, d)
+                .map_err(BoxError::from),
+            IpvsOp::DelDest(s, d) => self.ipvs()?.del_destination(s, d).map_err(BoxError::from),
+            IpvsOp::CreateIpset(c) => self.ipset.create(c, false).map_err(BoxError::from),
+            IpvsOp::DestroyIpset(n) => self.ipset.destroy(n).map_err(BoxError::from),
+            IpvsOp::AddMembers(n, m) => self.ipset.add(n, m, true).map_err(BoxError::from),
+            IpvsOp::DelMembers(n, m) => self.ipset.del(n, m, true).map_err(BoxError::from),
         })();
-        r.map_err(|message| IpvsSyncError::ApplyFailed {
+        r.map_err(|source| IpvsSyncError::ApplyFailed {
             op: op.to_string(),
-            message,
+            source,
         })
     }
 
     fn dests(&mut self, service: &IpvsService) -> Result<Vec<IpvsDestination>, IpvsSyncError> {
-        let failed = |message: String| IpvsSyncError::DumpFailed {
+        let failed = |source: BoxError| IpvsSyncError::DumpFailed {
             what: format!("real servers of {}:{}", service.addr, service.port),
-            message,
+            source,
         };
         self.ipvs()
             .map_err(failed)?
             .list_destinations(service)
-            .map_err(|e| failed(e.to_string()))
+            .map_err(|e| failed(e.into()))
     }
 }
 

@@ -23,7 +23,7 @@ pub use fake::FakeKernel;
 #[derive(Debug, thiserror::Error)]
 pub enum SyncError {
     /// Reading our tables back failed.
-    #[error("reading table {family} {TABLE} back from the kernel failed: {source}")]
+    #[error("reading table {family} {TABLE} back from the kernel failed")]
     DumpFailed {
         /// `ip` / `ip6`
         family: &'static str,
@@ -32,10 +32,10 @@ pub enum SyncError {
         source: kube_nlproxy_netlink::nft::NftError,
     },
     /// The kernel rejected the transaction; nothing of it was applied.
-    #[error("nf_tables transaction rejected: {0}")]
-    Apply(String),
+    #[error("nf_tables transaction failed")]
+    Apply(#[source] kube_nlproxy_netlink::nft::NftError),
     /// Opening the netlink socket failed.
-    #[error("opening the nf_tables netlink socket failed: {0}")]
+    #[error("opening the nf_tables netlink socket failed")]
     Socket(#[source] kube_nlproxy_netlink::nft::NftError),
 }
 
@@ -52,6 +52,8 @@ pub trait Dataplane {
         family: Family,
         set: &Set,
     ) -> Result<Option<Vec<Element>>, SyncError>;
+    /// Netlink messages sent so far (a fake counts its requests).
+    fn messages_sent(&self) -> u64;
 }
 
 /// The kernel, over one NETLINK_NETFILTER socket.
@@ -67,11 +69,6 @@ impl NetlinkDataplane {
             socket: NftSocket::new().map_err(SyncError::Socket)?,
         })
     }
-
-    /// Netlink messages sent so far.
-    pub fn messages_sent(&self) -> u64 {
-        self.socket.messages_sent()
-    }
 }
 
 impl Dataplane for NetlinkDataplane {
@@ -86,9 +83,7 @@ impl Dataplane for NetlinkDataplane {
     }
 
     fn apply(&mut self, ops: &[Op]) -> Result<(), SyncError> {
-        self.socket
-            .apply(ops)
-            .map_err(|e| SyncError::Apply(e.to_string()))
+        self.socket.apply(ops).map_err(SyncError::Apply)
     }
 
     fn dump_set_elements(
@@ -103,6 +98,106 @@ impl Dataplane for NetlinkDataplane {
                 source,
             })
     }
+
+    fn messages_sent(&self) -> u64 {
+        self.socket.messages_sent()
+    }
+}
+
+/// At most this many elements go in one transaction of a cold start: the
+/// kernel's commit time grows with the elements it validates, and one huge
+/// transaction stalls it (upstream sees soft lockups, kubernetes#139328).
+pub const COLD_START_BATCH_ELEMENTS: usize = 40_000;
+
+/// Splits a sync into transactions of at most `limit` elements when it must add
+/// more — only when our table does not exist yet (start on a fresh node, or the
+/// table was deleted), as every other sync is one transaction. The first
+/// transaction holds everything but the services' elements: tables, chains,
+/// sets, rules, node-wide elements, and whatever changes an existing table.
+/// Each next one adds whole services: every element that names the same
+/// service (its comment, `ns/name` or `ns/name:port`) goes in the same
+/// transaction, so a new connection finds a service either complete or not
+/// there at all. A service bigger than `limit` gets a transaction of its own.
+pub fn cold_start_batches(ops: Vec<Op>, limit: usize) -> Vec<Vec<Op>> {
+    let total: usize = ops
+        .iter()
+        .map(|op| match op {
+            Op::AddElements { elements, .. } => elements.len(),
+            _ => 0,
+        })
+        .sum();
+    if total <= limit {
+        return vec![ops];
+    }
+    type SetRef = (Family, String, String);
+    let mut first = Vec::new();
+    let mut sets: Vec<SetRef> = Vec::new();
+    let mut by_service: BTreeMap<String, Vec<(usize, Element)>> = BTreeMap::new();
+    for op in ops {
+        let Op::AddElements {
+            family,
+            table,
+            set,
+            elements,
+        } = op
+        else {
+            first.push(op);
+            continue;
+        };
+        let index = sets.len();
+        sets.push((family, table.clone(), set.clone()));
+        let mut unnamed = Vec::new();
+        for e in elements {
+            match e.comment.as_deref().and_then(|c| c.split(':').next()) {
+                Some(service) => by_service
+                    .entry(service.to_string())
+                    .or_default()
+                    .push((index, e)),
+                None => unnamed.push(e),
+            }
+        }
+        if !unnamed.is_empty() {
+            first.push(Op::AddElements {
+                family,
+                table,
+                set,
+                elements: unnamed,
+            });
+        }
+    }
+    let batch_of = |groups: Vec<Vec<(usize, Element)>>| -> Vec<Op> {
+        let mut per_set: BTreeMap<usize, Vec<Element>> = BTreeMap::new();
+        for (index, e) in groups.into_iter().flatten() {
+            per_set.entry(index).or_default().push(e);
+        }
+        per_set
+            .into_iter()
+            .map(|(index, elements)| {
+                let (family, table, set) = sets[index].clone();
+                Op::AddElements {
+                    family,
+                    table,
+                    set,
+                    elements,
+                }
+            })
+            .collect()
+    };
+    let mut batches = vec![first];
+    let mut pending: Vec<Vec<(usize, Element)>> = Vec::new();
+    let mut size = 0;
+    for group in by_service.into_values() {
+        if size > 0 && size + group.len() > limit {
+            batches.push(batch_of(std::mem::take(&mut pending)));
+            size = 0;
+        }
+        size += group.len();
+        pending.push(group);
+    }
+    if !pending.is_empty() {
+        batches.push(batch_of(pending));
+    }
+    batches
 }
 
 /// What one sync did.
@@ -144,6 +239,11 @@ impl<D: Dataplane> Syncer<D> {
     /// The dataplane.
     pub fn dataplane(&self) -> &D {
         &self.dataplane
+    }
+
+    /// The dataplane, mutably.
+    pub fn dataplane_mut(&mut self) -> &mut D {
+        &mut self.dataplane
     }
 
     /// Makes the next sync read the kernel back (periodic resync, drift repair).
@@ -211,24 +311,31 @@ impl<D: Dataplane> Syncer<D> {
         desired: impl FnOnce() -> Vec<TableSpec>,
     ) -> Result<SyncOutcome, SyncError> {
         let full = self.need_full;
-        let ops = if full {
+        let batches = if full {
             let tables = desired();
-            let mut ops = Vec::new();
+            let (mut warm, mut cold) = (Vec::new(), Vec::new());
             for t in &tables {
                 let current = self.dataplane.dump(t.family, TABLE)?;
-                ops.extend(diff(current.as_ref().map(Current::Dumped), t));
+                let ops = diff(current.as_ref().map(Current::Dumped), t);
+                match current {
+                    Some(_) => warm.extend(ops),
+                    None => cold.extend(ops),
+                }
             }
-            ops
+            warm.extend(cold);
+            cold_start_batches(warm, COLD_START_BATCH_ELEMENTS)
         } else {
-            deltas.iter().flat_map(delta_ops).collect()
+            vec![deltas.iter().flat_map(delta_ops).collect()]
         };
         // The renderer holds the desired state; nothing needs remembering here.
         self.committed.clear();
-        if !ops.is_empty()
-            && let Err(e) = self.dataplane.apply(&ops)
-        {
-            self.need_full = true;
-            return Err(e);
+        let mut ops = Vec::new();
+        for batch in batches.into_iter().filter(|b| !b.is_empty()) {
+            if let Err(e) = self.dataplane.apply(&batch) {
+                self.need_full = true;
+                return Err(e);
+            }
+            ops.extend(batch);
         }
         self.need_full = false;
         let mut counts = op_counts(&ops);
@@ -403,5 +510,9 @@ impl<D: Dataplane + ?Sized> Dataplane for &mut D {
         set: &Set,
     ) -> Result<Option<Vec<Element>>, SyncError> {
         (**self).dump_set_elements(family, set)
+    }
+
+    fn messages_sent(&self) -> u64 {
+        (**self).messages_sent()
     }
 }

@@ -333,7 +333,8 @@ fn fake_kernel_rejects_like_the_kernel_and_keeps_nothing() {
         },
     ];
     let err = syncer.dataplane.apply(&bad).unwrap_err();
-    assert!(err.to_string().contains("busy"), "{err}");
+    let chain = crate::ErrorChain(&err).to_string();
+    assert!(chain.contains("busy"), "{chain}");
     assert_eq!(kernel_tables(&mut syncer.dataplane), before);
 }
 
@@ -413,8 +414,17 @@ fn affinity_entries_of_removed_endpoints_are_deleted_after_the_commit() {
     assert!(held(&mut restarted).is_empty());
 }
 
-#[test]
-fn one_endpoint_change_among_10k_sends_a_constant_handful_and_a_noop_nothing() {
+fn port_name(i: usize) -> ServicePortName {
+    ServicePortName {
+        namespace: "ns".into(),
+        name: format!("s{i}"),
+        port_name: "p".into(),
+        protocol: Protocol::Tcp,
+    }
+}
+
+/// `n` ClusterIP services with two endpoints each, one of them local.
+fn two_endpoint_services(n: usize) -> ClusterState {
     let mut state = ClusterState {
         node: NodeInfo {
             name: "node-a".into(),
@@ -423,17 +433,12 @@ fn one_endpoint_change_among_10k_sends_a_constant_handful_and_a_noop_nothing() {
         },
         ..Default::default()
     };
-    let name = |i: usize| ServicePortName {
-        namespace: "ns".into(),
-        name: format!("s{i}"),
-        port_name: "p".into(),
-        protocol: Protocol::Tcp,
-    };
-    for i in 0..10_000usize {
+    for i in 0..n {
+        let name = port_name(i);
         let cip = Ipv4Addr::new(10, 96, (i >> 8) as u8, i as u8);
         state.services.insert(
-            (name(i), IpFamily::V4),
-            ServicePort::new(name(i), IpFamily::V4, Some(IpAddr::V4(cip)), 80),
+            (name.clone(), IpFamily::V4),
+            ServicePort::new(name.clone(), IpFamily::V4, Some(IpAddr::V4(cip)), 80),
         );
         let eps = (0..2)
             .map(|j| {
@@ -442,8 +447,64 @@ fn one_endpoint_change_among_10k_sends_a_constant_handful_and_a_noop_nothing() {
                 Endpoint::ready(IpAddr::V4(ip), 8080, j == 0)
             })
             .collect();
-        state.endpoints.insert(name(i), eps);
+        state.endpoints.insert(name, eps);
     }
+    state
+}
+
+#[test]
+fn a_cold_start_goes_in_bounded_transactions_of_whole_services() {
+    let state = two_endpoint_services(10_000);
+    let mut renderer = NftablesRenderer::default();
+    renderer.update(&state, &opts());
+    let ops: Vec<Op> = renderer
+        .tables()
+        .iter()
+        .flat_map(|t| diff(None, t))
+        .collect();
+    let limit = 7_000;
+    let batches = cold_start_batches(ops.clone(), limit);
+    assert!(batches.len() > 3, "{} batches", batches.len());
+    let mut seen = BTreeMap::new();
+    for (i, batch) in batches.iter().enumerate() {
+        let mut size = 0;
+        for op in batch {
+            match op {
+                Op::AddElements { elements, .. } => {
+                    size += elements.len();
+                    for e in elements {
+                        let Some(comment) = e.comment.as_deref() else {
+                            assert_eq!(i, 0, "node-wide elements come with the skeleton");
+                            continue;
+                        };
+                        let service = comment.split(':').next().unwrap();
+                        let first = *seen.entry(service.to_string()).or_insert(i);
+                        assert_eq!(first, i, "{service} split over two transactions");
+                        assert!(i > 0, "service elements after the skeleton");
+                    }
+                }
+                _ => assert_eq!(i, 0, "only the first transaction makes objects: {op}"),
+            }
+        }
+        assert!(size <= limit, "transaction {i}: {size} elements");
+    }
+    assert_eq!(seen.len(), 10_000);
+    // The batches build what the one transaction builds.
+    let (mut one, mut many) = (FakeKernel::default(), FakeKernel::default());
+    one.apply(&ops).unwrap();
+    for batch in &batches {
+        many.apply(batch).unwrap();
+    }
+    assert_eq!(kernel_tables(&mut one), kernel_tables(&mut many));
+    // Small syncs stay one transaction.
+    let small: Vec<Op> = ops.into_iter().take(40).collect();
+    assert_eq!(cold_start_batches(small.clone(), limit), vec![small]);
+}
+
+#[test]
+fn one_endpoint_change_among_10k_sends_a_constant_handful_and_a_noop_nothing() {
+    let mut state = two_endpoint_services(10_000);
+    let name = port_name;
     let mut syncer = Syncer::new(FakeKernel::default());
     let mut renderer = NftablesRenderer::default();
     let (deltas, _) = renderer.update(&state, &opts());
