@@ -200,6 +200,11 @@ impl<M: Mode, H: Host> Daemon<'_, M, H> {
                     crate::ErrorChain(&e)
                 );
                 self.metrics.inc_sync_failures();
+                // The kernel is behind what we want: a periodic resync that
+                // keeps failing must turn /healthz 503 after the health timeout
+                // even when no change is queued (kubernetes#142068). The next
+                // good sync clears it.
+                self.health.queued_update();
                 return false;
             }
         };
@@ -428,3 +433,6 @@ async fn shutdown_signal() {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -13,8 +13,8 @@ use super::ipvs::IpvsMode;
 use super::nftables::NftablesMode;
 use super::*;
 use crate::config::Config;
-use crate::sync::FakeKernel;
 use crate::sync::ipvs::FakeIpvs;
+use crate::sync::{FakeKernel, FaultPoint};
 
 fn service(i: usize, proto: &str) -> Service {
     let ip = cluster_ip(i);
@@ -240,60 +240,26 @@ fn a_restart_judges_flows_by_the_state_alone() {
     assert_eq!(driver.host().flows.len(), 1);
 }
 
-/// A kernel that refuses the next batch.
-#[derive(Debug, Default)]
-struct Refusing {
-    kernel: FakeKernel,
-    refuse_next: bool,
-}
-
-impl crate::sync::Dataplane for Refusing {
-    fn dump(
-        &mut self,
-        family: kube_nlproxy_netlink::nft::Family,
-        table: &str,
-    ) -> Result<Option<crate::sync::TableSnapshot>, SyncError> {
-        self.kernel.dump(family, table)
-    }
-
-    fn apply(&mut self, ops: &[kube_nlproxy_netlink::nft::Op]) -> Result<(), SyncError> {
-        if std::mem::take(&mut self.refuse_next) {
-            return Err(SyncError::Apply(
-                kube_nlproxy_netlink::nft::NftError::BatchRejected {
-                    index: 0,
-                    op: ops[0].to_string(),
-                    errno: libc::ENOBUFS,
-                    message: None,
-                },
-            ));
-        }
-        self.kernel.apply(ops)
-    }
-
-    fn dump_set_elements(
-        &mut self,
-        family: kube_nlproxy_netlink::nft::Family,
-        set: &kube_nlproxy_netlink::nft::Set,
-    ) -> Result<Option<Vec<kube_nlproxy_netlink::nft::Element>>, SyncError> {
-        self.kernel.dump_set_elements(family, set)
-    }
-
-    fn messages_sent(&self) -> u64 {
-        self.kernel.messages_sent()
-    }
-}
-
 #[test]
 fn a_refused_sync_loses_nothing_and_the_next_one_reads_the_kernel_back() {
-    let mut driver = Driver::new(&config(), NftablesMode::new(Refusing::default()), host());
+    let mut driver = nft_driver();
     driver.sync_once(cluster(20, "TCP")).unwrap();
-    driver.mode_mut().dataplane_mut().refuse_next = true;
+    driver
+        .mode_mut()
+        .dataplane_mut()
+        .fail_next(FaultPoint::Apply, libc::ENOBUFS, 1);
     let err = driver
         .sync_once(endpoints_of(3, "TCP", &[endpoint_ip(3, 0)]))
         .unwrap_err();
     let chain = crate::ErrorChain(&err).to_string();
     assert!(chain.contains("No buffer space"), "{chain}");
     assert!(!driver.verify().unwrap().is_empty(), "nothing was applied");
+    // A read-back that fails (EINTR mid-dump) keeps the change pending too.
+    driver
+        .mode_mut()
+        .dataplane_mut()
+        .fail_next(FaultPoint::Dump, libc::EINTR, 1);
+    assert!(driver.sync_once(ObjectChanges::default()).is_err());
     // No new change: the next sync still sends the one that failed.
     let synced = driver.sync_once(ObjectChanges::default()).unwrap();
     assert!(synced.report.full);

@@ -34,6 +34,52 @@ pub struct FakeKernel {
     /// Netlink messages a kernel would have received: each batch's operations
     /// with its begin and end, and one request per dump.
     pub messages: u64,
+    /// Failures to give instead of doing the next requests, in order.
+    pub faults: std::collections::VecDeque<Fault>,
+}
+
+/// A failure [`FakeKernel`] gives the next time it is asked for `at`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fault {
+    /// Which request fails.
+    pub at: FaultPoint,
+    /// With which errno (`libc::ENOBUFS`, `EPERM`, …).
+    pub errno: i32,
+}
+
+/// The requests [`FakeKernel`] can be told to fail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultPoint {
+    /// A transaction (nothing of it is applied).
+    Apply,
+    /// Reading a table or a set back.
+    Dump,
+}
+
+impl FakeKernel {
+    /// Makes the next `count` requests of kind `at` fail with `errno`.
+    pub fn fail_next(&mut self, at: FaultPoint, errno: i32, count: usize) {
+        self.faults
+            .extend(std::iter::repeat_n(Fault { at, errno }, count));
+    }
+
+    fn take_fault(&mut self, at: FaultPoint) -> Option<i32> {
+        let i = self.faults.iter().position(|f| f.at == at)?;
+        self.faults.remove(i).map(|f| f.errno)
+    }
+
+    fn dump_fault(&mut self, family: Family) -> Result<(), SyncError> {
+        match self.take_fault(FaultPoint::Dump) {
+            None => Ok(()),
+            Some(errno) => Err(SyncError::DumpFailed {
+                family: family.nft_name(),
+                source: kube_nlproxy_netlink::nft::NftError::Dump {
+                    what: "table".into(),
+                    errno,
+                },
+            }),
+        }
+    }
 }
 
 fn err(op: &Op, errno: i32) -> SyncError {
@@ -260,6 +306,7 @@ impl FakeKernel {
 impl Dataplane for FakeKernel {
     fn dump(&mut self, family: Family, table: &str) -> Result<Option<TableSnapshot>, SyncError> {
         self.messages += 1;
+        self.dump_fault(family)?;
         Ok(self
             .tables
             .get(&(family, table.to_string()))
@@ -297,6 +344,7 @@ impl Dataplane for FakeKernel {
         set: &Set,
     ) -> Result<Option<Vec<Element>>, SyncError> {
         self.messages += 1;
+        self.dump_fault(family)?;
         Ok(self
             .tables
             .get(&(family, super::TABLE.to_string()))
@@ -306,6 +354,17 @@ impl Dataplane for FakeKernel {
 
     fn apply(&mut self, ops: &[Op]) -> Result<(), SyncError> {
         self.messages += ops.len() as u64 + 2;
+        if let Some(errno) = self.take_fault(FaultPoint::Apply) {
+            let op = ops.first().map(ToString::to_string).unwrap_or_default();
+            return Err(SyncError::Apply(
+                kube_nlproxy_netlink::nft::NftError::BatchRejected {
+                    index: 0,
+                    op,
+                    errno,
+                    message: None,
+                },
+            ));
+        }
         let saved = self.tables.clone();
         for (index, op) in ops.iter().enumerate() {
             if let Err(mut e) = self.apply_one(op) {

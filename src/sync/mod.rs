@@ -17,7 +17,7 @@ use kube_nlproxy_netlink::nft::{Element, Family, KeyValue, NftSocket, Op, Set};
 
 use crate::mode::nftables::{AffinityEntry, NftablesRenderer, SetId, TABLE, TableDelta, TableSpec};
 pub use diff::{Current, TableSnapshot, delta_ops, diff, op_counts};
-pub use fake::FakeKernel;
+pub use fake::{FakeKernel, Fault, FaultPoint};
 
 /// Errors of a sync.
 #[derive(Debug, thiserror::Error)]

@@ -1,0 +1,99 @@
+//! The daemon's side channels on the fakes: health follows sync failures.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use k8s_openapi::api::core::v1::Service;
+use serde_json::json;
+
+use super::*;
+use crate::driver::FakeHost;
+use crate::driver::nftables::NftablesMode;
+use crate::serve::health::FakeClock;
+use crate::sync::{FakeKernel, FaultPoint};
+
+fn one_service() -> ObjectChanges {
+    let svc: Service = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "web", "namespace": "ns"},
+        "spec": {"clusterIP": "10.96.0.10", "clusterIPs": ["10.96.0.10"], "type": "ClusterIP",
+                 "ports": [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080}]}
+    }))
+    .unwrap();
+    let node = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"}
+    }))
+    .unwrap();
+    ObjectChanges::everything(Objects {
+        services: vec![svc],
+        nodes: vec![node],
+        ..Objects::default()
+    })
+}
+
+#[tokio::test]
+async fn syncs_that_keep_failing_turn_healthz_503_and_a_good_one_turns_it_back() {
+    let cfg = Config {
+        hostname_override: Some("node-a".into()),
+        ..Config::default()
+    };
+    let clock = Arc::new(FakeClock::new(
+        SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000),
+    ));
+    let health = Arc::new(ProxyHealth::new(Duration::from_secs(30)).with_clock(clock.clone()));
+    let metrics = Arc::new(Metrics::new());
+    let mut driver = Driver::new(
+        &cfg,
+        NftablesMode::new(FakeKernel::default()),
+        FakeHost::new("node-a", &[]),
+    );
+    let mut daemon = Daemon {
+        driver: &mut driver,
+        health: health.clone(),
+        metrics: metrics.clone(),
+        service_health: None,
+        health_index: HealthIndex::default(),
+        last_snapshot: None,
+        netlink_messages: 0,
+    };
+    health.updated();
+    assert!(daemon.sync(one_service()).await);
+    assert_eq!(health.healthz().code, 200);
+
+    // Every periodic resync now fails, with no change queued.
+    daemon
+        .driver
+        .mode_mut()
+        .dataplane_mut()
+        .fail_next(FaultPoint::Dump, libc::EPERM, 100);
+    daemon.driver.mode_mut().request_full_sync();
+    assert!(!daemon.sync(ObjectChanges::default()).await);
+    assert_eq!(
+        health.healthz().code,
+        200,
+        "one failure is not yet unhealthy"
+    );
+    clock.step(Duration::from_secs(61));
+    daemon.driver.mode_mut().request_full_sync();
+    assert!(!daemon.sync(ObjectChanges::default()).await);
+    assert_eq!(health.healthz().code, 503, "{}", health.healthz().body);
+    let failures = metrics
+        .render()
+        .lines()
+        .filter(|l| {
+            l.starts_with("kubeproxy_sync_proxy_rules_nftables_sync_failures_total")
+                && l.contains("IPv4")
+        })
+        .map(str::to_string)
+        .collect::<Vec<_>>();
+    assert_eq!(
+        failures,
+        [r#"kubeproxy_sync_proxy_rules_nftables_sync_failures_total{ip_family="IPv4"} 2"#]
+    );
+
+    // The kernel works again: the next sync is a full one and health is back.
+    daemon.driver.mode_mut().dataplane_mut().faults.clear();
+    assert!(daemon.sync(ObjectChanges::default()).await);
+    assert_eq!(health.healthz().code, 200);
+    assert_eq!(daemon.driver.verify().unwrap(), Vec::<String>::new());
+}
