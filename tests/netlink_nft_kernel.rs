@@ -910,3 +910,79 @@ fn list_addresses_sees_loopback() {
         );
     });
 }
+
+#[test]
+fn kernel_faults_leave_the_table_as_it_was_and_dumps_recover() {
+    in_netns(|| {
+        let fx = fixture(Family::Ipv4);
+        let mut sock = NftSocket::new().unwrap();
+        sock.apply(&fx.ops).unwrap();
+        let before = sock.dump_table(Family::Ipv4, T).unwrap();
+        assert!(before.is_some());
+        let (set, _) = &fx.elements[0];
+        let delete_all = [Op::DeleteTable {
+            family: Family::Ipv4,
+            name: T.into(),
+        }];
+
+        // A batch the kernel rejects for real (its last op names a chain that
+        // does not exist): nothing of it is applied.
+        let mut real = vec![Op::FlushChain {
+            family: Family::Ipv4,
+            table: T.into(),
+            name: fx.chains[0].name.clone(),
+        }];
+        real.push(Op::DeleteChain {
+            family: Family::Ipv4,
+            table: T.into(),
+            name: "no-such-chain".into(),
+        });
+        match sock.apply(&real) {
+            Err(NftError::BatchRejected { index, errno, .. }) => {
+                assert_eq!((index, errno), (1, libc::ENOENT))
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(sock.dump_table(Family::Ipv4, T).unwrap(), before);
+
+        // Injected rejections, as the kernel gives them.
+        for errno in [libc::EINVAL, libc::EPERM, libc::EBUSY, libc::ENOBUFS] {
+            sock.inject_fault(InjectedFault::Batch(errno));
+            match sock.apply(&delete_all) {
+                Err(NftError::BatchRejected { errno: e, .. }) => assert_eq!(e, errno),
+                other => panic!("{other:?}"),
+            }
+            assert_eq!(sock.dump_table(Family::Ipv4, T).unwrap(), before);
+        }
+
+        // A dump interrupted by a concurrent change is retried.
+        sock.inject_fault(InjectedFault::DumpInterrupted);
+        sock.inject_fault(InjectedFault::DumpInterrupted);
+        assert_eq!(sock.dump_table(Family::Ipv4, T).unwrap(), before);
+        // One that keeps being interrupted gives up with EINTR.
+        for _ in 0..5 {
+            sock.inject_fault(InjectedFault::DumpInterrupted);
+        }
+        match sock.dump_table(Family::Ipv4, T) {
+            Err(NftError::Dump { errno, .. }) => assert_eq!(errno, libc::EINTR),
+            other => panic!("{other:?}"),
+        }
+        sock.inject_fault(InjectedFault::Dump(libc::EPERM));
+        match sock.dump_table(Family::Ipv4, T) {
+            Err(NftError::Dump { errno, .. }) => assert_eq!(errno, libc::EPERM),
+            other => panic!("{other:?}"),
+        }
+        // A dump that overran its buffer is retried with a bigger one.
+        let size = sock.buffer_size();
+        sock.inject_fault(InjectedFault::RecvOverrun);
+        let sets = fx.sets.iter().find(|s| &s.name == set).unwrap();
+        assert_eq!(
+            sock.dump_set_elements(Family::Ipv4, T, sets)
+                .unwrap()
+                .map(|e| e.len()),
+            Some(fx.elements[0].1.len())
+        );
+        assert!(sock.buffer_size() > size);
+        assert_eq!(sock.dump_table(Family::Ipv4, T).unwrap(), before);
+    });
+}

@@ -6,7 +6,7 @@ mod socket;
 mod types;
 
 pub use codec::{rule_comment, rule_fingerprint};
-pub use socket::{ApplyStats, NftError, NftSocket, Op, RuleState, TableState};
+pub use socket::{ApplyStats, InjectedFault, NftError, NftSocket, Op, RuleState, TableState};
 pub use types::*;
 
 #[cfg(test)]

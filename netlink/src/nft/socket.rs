@@ -337,6 +337,26 @@ pub struct NftSocket {
     bufsize: usize,
     rbuf: Vec<u8>,
     last_apply: ApplyStats,
+    faults: std::collections::VecDeque<InjectedFault>,
+}
+
+/// A kernel failure the socket plays instead of (or on top of) the next
+/// request, so tests of the callers can make the kernel fail on demand: see
+/// [`NftSocket::inject_fault`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InjectedFault {
+    /// The next batch is rejected with this errno (`EINVAL`, `EPERM`,
+    /// `EBUSY`, …) and nothing of it is sent, as the kernel applies nothing of
+    /// a rejected batch.
+    Batch(i32),
+    /// The next dump or get request fails with this errno.
+    Dump(i32),
+    /// The next dump is interrupted by a concurrent ruleset change
+    /// (`NLM_F_DUMP_INTR`): the dump is retried.
+    DumpInterrupted,
+    /// The next dump overruns the receive buffer (`ENOBUFS`): the buffer is
+    /// doubled and the dump retried.
+    RecvOverrun,
 }
 
 impl fmt::Debug for NftSocket {
@@ -524,9 +544,27 @@ impl NftSocket {
             bufsize: 0,
             rbuf: Vec::with_capacity(RECV_BUF),
             last_apply: ApplyStats::default(),
+            faults: Default::default(),
         };
         s.ensure_bufsize(MIN_SOCKBUF)?;
         Ok(s)
+    }
+
+    /// Makes the next matching request fail as `fault` says (faults queue up
+    /// and are played in order). For tests of what callers do when the kernel
+    /// fails; a socket nobody injects into never fails on its own.
+    pub fn inject_fault(&mut self, fault: InjectedFault) {
+        self.faults.push_back(fault);
+    }
+
+    fn take_fault(&mut self, pick: impl Fn(&InjectedFault) -> bool) -> Option<InjectedFault> {
+        let i = self.faults.iter().position(pick)?;
+        self.faults.remove(i)
+    }
+
+    /// The socket's current receive and send buffer size.
+    pub fn buffer_size(&self) -> usize {
+        self.bufsize
     }
 
     /// Netlink messages sent so far (batch markers and requests included).
@@ -550,6 +588,17 @@ impl NftSocket {
         set_int_opt(fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, size).map_err(NftError::Socket)?;
         self.bufsize = size as usize;
         Ok(())
+    }
+
+    /// Replaces the socket with a fresh one whose buffers hold `bufsize` bytes.
+    fn reopen(&mut self, bufsize: usize) -> Result<(), NftError> {
+        let mut sock = Socket::new(NETLINK_NETFILTER).map_err(NftError::Socket)?;
+        sock.bind_auto().map_err(NftError::Socket)?;
+        sock.set_cap_ack(true).map_err(NftError::Socket)?;
+        sock.set_ext_ack(true).map_err(NftError::Socket)?;
+        self.sock = sock;
+        self.bufsize = 0;
+        self.ensure_bufsize(bufsize)
     }
 
     fn next_seq(&mut self) -> u32 {
@@ -594,6 +643,16 @@ impl NftSocket {
         self.last_apply = ApplyStats::default();
         if ops.is_empty() {
             return Ok(());
+        }
+        if let Some(InjectedFault::Batch(errno)) =
+            self.take_fault(|f| matches!(f, InjectedFault::Batch(_)))
+        {
+            return Err(NftError::BatchRejected {
+                index: 0,
+                op: ops[0].to_string(),
+                errno,
+                message: Some("injected fault".into()),
+            });
         }
         let Batch {
             buf,
@@ -731,6 +790,13 @@ impl NftSocket {
         let flags = batch_flags(msg);
         let is_dump = flags & NLM_F_DUMP != 0;
         for _ in 0..DUMP_RETRIES {
+            let fault = self.take_fault(|f| !matches!(f, InjectedFault::Batch(_)));
+            if let Some(InjectedFault::Dump(errno)) = fault {
+                return Err(NftError::Dump {
+                    what: what.to_string(),
+                    errno,
+                });
+            }
             let seq = self.next_seq();
             let mut buf = Vec::new();
             serialize_into(
@@ -739,9 +805,35 @@ impl NftSocket {
             );
             self.send(&buf, 1)?;
             let mut out = Vec::new();
-            let mut interrupted = false;
+            let mut interrupted = fault == Some(InjectedFault::DumpInterrupted);
+            let mut overrun = fault == Some(InjectedFault::RecvOverrun);
             'recv: loop {
-                self.recv()?;
+                let received = if std::mem::take(&mut overrun) {
+                    Err(NftError::Recv(io::Error::from_raw_os_error(libc::ENOBUFS)))
+                } else {
+                    self.recv()
+                };
+                match received {
+                    Ok(()) => {}
+                    // The replies outgrew the socket buffer and some were
+                    // dropped: the dump again, on a fresh socket with twice the
+                    // buffer (the kernel allows one dump at a time per socket,
+                    // and the broken one may still be running on the old one).
+                    Err(NftError::Recv(e))
+                        if is_dump && e.raw_os_error() == Some(libc::ENOBUFS) =>
+                    {
+                        let bigger = self.bufsize.saturating_mul(2);
+                        tracing::debug!(
+                            what,
+                            bufsize = bigger,
+                            "nf_tables dump overran its buffer, retrying"
+                        );
+                        self.reopen(bigger)?;
+                        interrupted = true;
+                        break 'recv;
+                    }
+                    Err(e) => return Err(e),
+                }
                 for m in split_msgs(&self.rbuf)? {
                     if m.header.sequence_number != seq {
                         continue;
