@@ -225,13 +225,17 @@ async fn run_with<M: Mode, H: Host>(
     if cfg.once {
         let started = Instant::now();
         let objects = load_objects(cfg).await?;
+        let loaded = started.elapsed();
         let synced = driver.sync_once(ObjectChanges::everything(objects))?;
+        let sync_done = started.elapsed();
         let differing = driver.verify()?;
         if !differing.is_empty() {
             return Err(ProxierError::Mismatch(differing.join(" | ")));
         }
         tracing::info!(
             elapsed = ?started.elapsed(),
+            ?loaded,
+            ?sync_done,
             ops = ?synced.report.ops,
             conntrack_deleted = ?synced.conntrack_deleted,
             "sync complete; the kernel matches"

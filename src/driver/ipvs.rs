@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use kube_nlproxy_netlink::addr::InterfaceAddress;
 
-use crate::mode::ipvs::{DUMMY_LINK, IpvsDesired, IpvsOptions, desired_ipvs};
-use crate::mode::nftables::{NodePortAddresses, table_summary};
+use crate::mode::ipvs::{DUMMY_LINK, IpvsDesired, IpvsOptions, IpvsRenderer, IpvsTouched};
+use crate::mode::nftables::{NodePortAddresses, TableDelta, table_summary};
 use crate::model::{ClusterState, ServicePortName};
 use crate::sync::ipvs::{IpvsDataplane, IpvsSyncError, IpvsSyncer};
 use crate::sync::{Dataplane, Syncer};
@@ -24,7 +24,11 @@ pub struct IpvsMode<I, D> {
     ipvs: IpvsSyncer<I>,
     nft: Syncer<D>,
     scheduler: String,
-    desired: IpvsDesired,
+    renderer: IpvsRenderer,
+    /// What the renderer touched since the last sync (`None`: everything).
+    touched: Option<IpvsTouched>,
+    /// The nft element changes since the last sync.
+    nft_deltas: Vec<TableDelta>,
     /// IPVS, ipset and address operations sent so far (one request each).
     ipvs_requests: u64,
 }
@@ -36,7 +40,9 @@ impl<I: IpvsDataplane, D: Dataplane> IpvsMode<I, D> {
             ipvs: IpvsSyncer::new(ipvs),
             nft: Syncer::new(nft),
             scheduler: scheduler.to_string(),
-            desired: IpvsDesired::default(),
+            renderer: IpvsRenderer::default(),
+            touched: None,
+            nft_deltas: Vec::new(),
             ipvs_requests: 0,
         }
     }
@@ -51,9 +57,10 @@ impl<I: IpvsDataplane, D: Dataplane> IpvsMode<I, D> {
         self.nft.dataplane()
     }
 
-    /// The desired state of the last [`Mode::desired`].
+    /// The desired state of the last [`Mode::desired`] (its nft tables are
+    /// built only when a full sync needs them).
     pub fn desired_state(&self) -> &IpvsDesired {
-        &self.desired
+        self.renderer.desired()
     }
 
     /// Deletes the IPVS objects of the mode (virtual servers on `kube-ipvs0`
@@ -115,21 +122,43 @@ impl<I: IpvsDataplane, D: Dataplane> Mode for IpvsMode<I, D> {
         &mut self,
         state: &ClusterState,
         node: &NodeContext,
-        // The IPVS mode still renders every service on each sync.
-        _changed: Option<&[ServicePortName]>,
+        changed: Option<&[ServicePortName]>,
     ) -> Result<(), ModeError> {
-        self.desired = desired_ipvs(state, &ipvs_options(node, &self.scheduler));
-        for c in &self.desired.conflicts {
+        let opts = ipvs_options(node, &self.scheduler);
+        let update = match changed {
+            Some(changed) => self.renderer.update_changed(state, &opts, changed),
+            None => self.renderer.update(state, &opts),
+        };
+        for c in &update.conflicts {
             tracing::warn!("conflicting services: {c}");
+        }
+        tracing::debug!(rendered = update.rendered, "ipvs desired state");
+        match (&mut self.touched, update.touched) {
+            (Some(pending), Some(touched)) => {
+                pending.extend(touched);
+                self.nft_deltas.extend(update.nft);
+            }
+            // Everything was re-rendered: the next sync diffs everything.
+            (pending, None) => {
+                *pending = None;
+                self.nft_deltas.clear();
+                self.nft.request_full_sync();
+            }
+            // Still to diff whole from an earlier update.
+            (None, Some(_)) => {}
         }
         Ok(())
     }
 
     fn sync(&mut self) -> Result<SyncReport, ModeError> {
-        let outcome = self.ipvs.sync(&self.desired)?;
+        let touched = self.touched.replace(IpvsTouched::default());
+        let deltas = std::mem::take(&mut self.nft_deltas);
+        let desired = self.renderer.desired();
+        let outcome = self.ipvs.sync_scoped(desired, touched.as_ref())?;
         self.ipvs_requests += outcome.ops.values().sum::<usize>() as u64;
         let mut ops = outcome.ops;
-        let nft = self.nft.sync(&self.desired.tables)?;
+        let renderer = &self.renderer;
+        let nft = self.nft.sync_incremental(&deltas, || renderer.tables())?;
         for (kind, n) in nft.ops {
             *ops.entry(kind).or_default() += n;
         }
@@ -143,26 +172,26 @@ impl<I: IpvsDataplane, D: Dataplane> Mode for IpvsMode<I, D> {
     }
 
     fn plan(&mut self) -> Result<Vec<String>, ModeError> {
-        let mut out: Vec<String> = (self.ipvs.plan(&self.desired)?.ops.iter())
+        let desired = self.renderer.desired();
+        let mut out: Vec<String> = (self.ipvs.plan(desired)?.ops.iter())
             .map(ToString::to_string)
             .collect();
         out.extend(
             self.nft
-                .plan(&self.desired.tables)?
+                .plan(&self.renderer.tables())?
                 .iter()
                 .map(ToString::to_string),
         );
-        self.ipvs.request_full_sync();
-        self.nft.request_full_sync();
+        self.request_full_sync();
         Ok(out)
     }
 
     fn verify(&mut self) -> Result<Vec<String>, ModeError> {
         self.ipvs.request_full_sync();
-        let mut differing: Vec<String> = (self.ipvs.plan(&self.desired)?.ops.iter())
+        let mut differing: Vec<String> = (self.ipvs.plan(self.renderer.desired())?.ops.iter())
             .map(|op| format!("ipvs: the kernel lacks `{op}`"))
             .collect();
-        differing.extend(self.nft.verify(&self.desired.tables)?);
+        differing.extend(self.nft.verify(&self.renderer.tables())?);
         Ok(differing)
     }
 
@@ -172,6 +201,8 @@ impl<I: IpvsDataplane, D: Dataplane> Mode for IpvsMode<I, D> {
     }
 
     fn request_full_sync(&mut self) {
+        self.touched = None;
+        self.nft_deltas.clear();
         self.ipvs.request_full_sync();
         self.nft.request_full_sync();
     }
@@ -185,17 +216,18 @@ impl<I: IpvsDataplane, D: Dataplane> Mode for IpvsMode<I, D> {
     }
 
     fn summary(&self) -> Vec<String> {
+        let desired = self.renderer.desired();
         let mut out = vec![format!(
             "ipvs: {} virtual servers, {} real servers, {} addresses on {DUMMY_LINK}",
-            self.desired.virtual_servers.len(),
-            self.desired
+            desired.virtual_servers.len(),
+            desired
                 .virtual_servers
                 .values()
                 .map(|v| v.real_servers.len())
                 .sum::<usize>(),
-            self.desired.bound_addrs.len()
+            desired.bound_addrs.len()
         )];
-        out.extend(self.desired.tables.iter().map(table_summary));
+        out.extend(self.renderer.tables().iter().map(table_summary));
         out
     }
 }

@@ -255,24 +255,7 @@ fn ip_port_ip(ip: IpAddr, proto: Protocol, port: u16, ip2: IpAddr) -> IpsetMembe
 
 /// Builds the desired IPVS dataplane.
 pub fn desired_ipvs(state: &ClusterState, opts: &IpvsOptions) -> IpvsDesired {
-    let mut d = IpvsDesired {
-        nodeport_ips: opts.nodeport_ips.iter().copied().collect(),
-        ..IpvsDesired::default()
-    };
-    for family in IpFamily::ALL {
-        for (name, kind) in IPSETS {
-            let name = ipset_name(name, family);
-            d.ipsets.insert(
-                name.clone(),
-                IpsetSpec {
-                    name,
-                    kind,
-                    family,
-                    members: BTreeSet::new(),
-                },
-            );
-        }
-    }
+    let mut d = renderer::empty_desired(opts);
     for ((_, family), svc) in &state.services {
         let endpoints = state
             .endpoints
@@ -781,6 +764,9 @@ fn table(family: IpFamily, ipsets: &BTreeMap<String, IpsetSpec>, opts: &IpvsOpti
     );
     t
 }
+
+mod renderer;
+pub use renderer::{IpvsRenderer, IpvsTouched, IpvsUpdate};
 
 #[cfg(test)]
 pub(crate) mod tests;

@@ -32,9 +32,9 @@ use kube_nlproxy_netlink::link::LinkHandle;
 
 use crate::config::host::{SysctlWrite, write_sysctl};
 use crate::mode::ipvs::{
-    DUMMY_LINK, IPSETS, IpsetSpec, IpvsDesired, NODE_PORT_LOCAL_SCTP, NODE_PORT_LOCAL_TCP,
-    NODE_PORT_LOCAL_UDP, NODE_PORT_SCTP, NODE_PORT_TCP, NODE_PORT_UDP, REAL_SERVER_WEIGHT,
-    VirtualServer, VsKey, ipset_name,
+    DUMMY_LINK, IPSETS, IpsetSpec, IpvsDesired, IpvsTouched, NODE_PORT_LOCAL_SCTP,
+    NODE_PORT_LOCAL_TCP, NODE_PORT_LOCAL_UDP, NODE_PORT_SCTP, NODE_PORT_TCP, NODE_PORT_UDP,
+    REAL_SERVER_WEIGHT, VirtualServer, VsKey, ipset_name,
 };
 use crate::model::{IpFamily, Protocol};
 
@@ -311,98 +311,186 @@ pub fn diff_ipvs(
     desired: &IpvsDesired,
     nodeport_ips: &BTreeSet<IpAddr>,
 ) -> IpvsPlan {
+    diff_ipvs_scoped(current, desired, nodeport_ips, None)
+}
+
+/// PURE: [`diff_ipvs`] looking only at the keys in `touched` (`None`: at
+/// everything). With `current` the state the last sync left, the keys an
+/// update touched are all that can differ, so the diff costs what changed.
+pub fn diff_ipvs_scoped(
+    current: &IpvsCurrent,
+    desired: &IpvsDesired,
+    nodeport_ips: &BTreeSet<IpAddr>,
+    touched: Option<&IpvsTouched>,
+) -> IpvsPlan {
     let mut plan = IpvsPlan::default();
-    let ops = &mut plan.ops;
+    let no_addrs = BTreeSet::new();
+    let bound = current.dummy.as_ref().unwrap_or(&no_addrs);
     // 1. kube-ipvs0 and its new addresses first: they establish ownership.
-    let bound = current.dummy.clone().unwrap_or_default();
     if current.dummy.is_none() {
-        ops.push(IpvsOp::EnsureDummy);
+        plan.ops.push(IpvsOp::EnsureDummy);
     }
-    for a in desired.bound_addrs.difference(&bound) {
-        ops.push(IpvsOp::AddAddress(*a));
+    let addrs: Vec<IpAddr> = match touched {
+        None => desired.bound_addrs.union(bound).copied().collect(),
+        Some(t) => t.bound_addrs.iter().copied().collect(),
+    };
+    for a in &addrs {
+        if desired.bound_addrs.contains(a) && !bound.contains(a) {
+            plan.ops.push(IpvsOp::AddAddress(*a));
+        }
     }
-    // 2. ipsets: create, add members.
+    // 2. ipsets: create, add members (deletions wait until step 5).
     let mut late = Vec::new();
-    for spec in desired.ipsets.values() {
-        let cur = current.ipsets.get(&spec.name);
-        let exists_ok = cur.is_some_and(|c| c.kind == Some(spec.kind));
-        if cur.is_some() && !exists_ok {
-            ops.push(IpvsOp::DestroyIpset(spec.name.clone()));
+    match touched {
+        None => {
+            for spec in desired.ipsets.values() {
+                diff_ipset(current, spec, None, &mut plan.ops, &mut late);
+            }
         }
-        if !exists_ok {
-            ops.push(IpvsOp::CreateIpset(ipset_create(spec)));
-        }
-        let empty = BTreeSet::new();
-        let have = cur.filter(|_| exists_ok).map_or(&empty, |c| &c.members);
-        let add: Vec<IpsetMember> = spec.members.difference(have).cloned().collect();
-        if !add.is_empty() {
-            ops.push(IpvsOp::AddMembers(spec.name.clone(), add));
-        }
-        let del: Vec<IpsetMember> = have.difference(&spec.members).cloned().collect();
-        if !del.is_empty() {
-            late.push(IpvsOp::DelMembers(spec.name.clone(), del));
+        Some(t) => {
+            let mut by_set: BTreeMap<&str, Vec<&IpsetMember>> = BTreeMap::new();
+            for (set, member) in &t.members {
+                by_set.entry(set.as_str()).or_default().push(member);
+            }
+            for (set, members) in by_set {
+                if let Some(spec) = desired.ipsets.get(set) {
+                    diff_ipset(current, spec, Some(&members), &mut plan.ops, &mut late);
+                }
+            }
         }
     }
     // 3. virtual servers and real servers.
     let mut removals = Vec::new();
-    for (key, vs) in &desired.virtual_servers {
-        let want = ipvs_service(key, vs);
-        let empty = BTreeMap::new();
-        let cur_dests = match current.services.get(key) {
-            None => {
-                ops.push(IpvsOp::AddService(want.clone()));
-                &empty
-            }
-            Some(cur) => {
-                if service_differs(&cur.service, &want) {
-                    ops.push(IpvsOp::UpdateService(want.clone()));
-                }
-                &cur.dests
-            }
-        };
-        for rs in &vs.real_servers {
-            let dest = IpvsDestination::new(rs.addr, rs.port).weight(REAL_SERVER_WEIGHT);
-            match cur_dests.get(&(rs.addr, rs.port)) {
-                None => ops.push(IpvsOp::AddDest(want.clone(), dest)),
-                Some(d) if d.weight != REAL_SERVER_WEIGHT || d.fwd_method != FwdMethod::Masq => {
-                    ops.push(IpvsOp::UpdateDest(want.clone(), dest))
-                }
-                Some(_) => {}
-            }
-        }
-        for ((addr, port), d) in cur_dests {
-            if vs.real_servers.contains(&crate::mode::ipvs::RealServer {
-                addr: *addr,
-                port: *port,
-            }) {
-                continue;
-            }
-            let gone = d.active_conns + d.inact_conns == 0;
-            if key.protocol != Protocol::Tcp || gone {
-                removals.push(IpvsOp::DelDest(want.clone(), d.clone()));
-            } else {
-                plan.draining += 1;
-                if d.weight != 0 {
-                    let mut drained = d.clone();
-                    drained.weight = 0;
-                    removals.push(IpvsOp::UpdateDest(want.clone(), drained));
-                }
-            }
+    let keys: Vec<&VsKey> = match touched {
+        None => desired.virtual_servers.keys().collect(),
+        Some(t) => t.virtual_servers.iter().collect(),
+    };
+    for key in &keys {
+        if let Some(vs) = desired.virtual_servers.get(key) {
+            diff_vs(key, vs, current, &mut plan, &mut removals);
         }
     }
-    ops.extend(removals);
+    plan.ops.extend(removals);
     // 4. virtual servers of ours nobody wants.
-    for (key, cur) in &current.services {
-        if !desired.virtual_servers.contains_key(key) && owned(key, current, nodeport_ips) {
-            ops.push(IpvsOp::DelService(cur.service.clone()));
+    let gone: Vec<&VsKey> = match touched {
+        None => current.services.keys().collect(),
+        Some(_) => keys,
+    };
+    for key in gone {
+        if desired.virtual_servers.contains_key(key) || !owned(key, current, nodeport_ips) {
+            continue;
+        }
+        if let Some(cur) = current.services.get(key) {
+            plan.ops.push(IpvsOp::DelService(cur.service.clone()));
         }
     }
     // 5. members and addresses last: they record ownership until the VSs are gone.
-    ops.extend(late);
-    for a in bound.difference(&desired.bound_addrs) {
-        ops.push(IpvsOp::DelAddress(*a));
+    plan.ops.extend(late);
+    for a in &addrs {
+        if !desired.bound_addrs.contains(a) && bound.contains(a) {
+            plan.ops.push(IpvsOp::DelAddress(*a));
+        }
     }
     plan
+}
+
+/// One ipset: created when missing (or of another type), then the members of
+/// `only` (every member when `None`) added now and deleted in `late`.
+fn diff_ipset(
+    current: &IpvsCurrent,
+    spec: &IpsetSpec,
+    only: Option<&[&IpsetMember]>,
+    ops: &mut Vec<IpvsOp>,
+    late: &mut Vec<IpvsOp>,
+) {
+    let cur = current.ipsets.get(&spec.name);
+    let exists_ok = cur.is_some_and(|c| c.kind == Some(spec.kind));
+    if cur.is_some() && !exists_ok {
+        ops.push(IpvsOp::DestroyIpset(spec.name.clone()));
+    }
+    if !exists_ok {
+        ops.push(IpvsOp::CreateIpset(ipset_create(spec)));
+    }
+    let empty = BTreeSet::new();
+    let have = cur.filter(|_| exists_ok).map_or(&empty, |c| &c.members);
+    let (add, del): (Vec<IpsetMember>, Vec<IpsetMember>) = match only {
+        // A set made anew gets every member, whatever was touched.
+        Some(members) if exists_ok => (
+            members
+                .iter()
+                .filter(|m| spec.members.contains(**m) && !have.contains(**m))
+                .map(|m| (*m).clone())
+                .collect(),
+            members
+                .iter()
+                .filter(|m| !spec.members.contains(**m) && have.contains(**m))
+                .map(|m| (*m).clone())
+                .collect(),
+        ),
+        _ => (
+            spec.members.difference(have).cloned().collect(),
+            have.difference(&spec.members).cloned().collect(),
+        ),
+    };
+    if !add.is_empty() {
+        ops.push(IpvsOp::AddMembers(spec.name.clone(), add));
+    }
+    if !del.is_empty() {
+        late.push(IpvsOp::DelMembers(spec.name.clone(), del));
+    }
+}
+
+/// One desired virtual server against what the kernel has at `key`.
+fn diff_vs(
+    key: &VsKey,
+    vs: &VirtualServer,
+    current: &IpvsCurrent,
+    plan: &mut IpvsPlan,
+    removals: &mut Vec<IpvsOp>,
+) {
+    let want = ipvs_service(key, vs);
+    let empty = BTreeMap::new();
+    let cur_dests = match current.services.get(key) {
+        None => {
+            plan.ops.push(IpvsOp::AddService(want.clone()));
+            &empty
+        }
+        Some(cur) => {
+            if service_differs(&cur.service, &want) {
+                plan.ops.push(IpvsOp::UpdateService(want.clone()));
+            }
+            &cur.dests
+        }
+    };
+    for rs in &vs.real_servers {
+        let dest = IpvsDestination::new(rs.addr, rs.port).weight(REAL_SERVER_WEIGHT);
+        match cur_dests.get(&(rs.addr, rs.port)) {
+            None => plan.ops.push(IpvsOp::AddDest(want.clone(), dest)),
+            Some(d) if d.weight != REAL_SERVER_WEIGHT || d.fwd_method != FwdMethod::Masq => {
+                plan.ops.push(IpvsOp::UpdateDest(want.clone(), dest))
+            }
+            Some(_) => {}
+        }
+    }
+    for ((addr, port), d) in cur_dests {
+        if vs.real_servers.contains(&crate::mode::ipvs::RealServer {
+            addr: *addr,
+            port: *port,
+        }) {
+            continue;
+        }
+        let gone = d.active_conns + d.inact_conns == 0;
+        if key.protocol != Protocol::Tcp || gone {
+            removals.push(IpvsOp::DelDest(want.clone(), d.clone()));
+        } else {
+            plan.draining += 1;
+            if d.weight != 0 {
+                let mut drained = d.clone();
+                drained.weight = 0;
+                removals.push(IpvsOp::UpdateDest(want.clone(), drained));
+            }
+        }
+    }
 }
 
 /// PURE: the operations `kube-nlproxy cleanup` sends: every VS of ours, the dummy
@@ -827,14 +915,26 @@ impl<D: IpvsDataplane> IpvsSyncer<D> {
 
     /// The operations a sync would send now (reads the kernel back if needed).
     pub fn plan(&mut self, desired: &IpvsDesired) -> Result<IpvsPlan, IpvsSyncError> {
+        self.plan_scoped(desired, None)
+    }
+
+    /// [`plan`](Self::plan) looking only at `touched` when the kernel is known
+    /// to hold the last sync's state (a read-back looks at everything).
+    pub fn plan_scoped(
+        &mut self,
+        desired: &IpvsDesired,
+        touched: Option<&IpvsTouched>,
+    ) -> Result<IpvsPlan, IpvsSyncError> {
         // Draining real servers need fresh connection counters.
+        let mut scope = touched;
         if self.committed.is_none() || self.draining > 0 {
             self.committed = Some(self.dataplane.dump()?);
+            scope = None;
         }
         self.nodeport_ips
             .extend(desired.nodeport_ips.iter().copied());
         let current = self.committed.as_mut().expect("dumped above");
-        let plan = diff_ipvs(current, desired, &self.nodeport_ips);
+        let plan = diff_ipvs_scoped(current, desired, &self.nodeport_ips, scope);
         // Deciding between drain and delete needs fresh connection counters: our
         // model of the kernel does not see connections come and go.
         let mut refreshed = false;
@@ -857,14 +957,29 @@ impl<D: IpvsDataplane> IpvsSyncer<D> {
         if !refreshed {
             return Ok(plan);
         }
-        Ok(diff_ipvs(current, desired, &self.nodeport_ips))
+        Ok(diff_ipvs_scoped(
+            current,
+            desired,
+            &self.nodeport_ips,
+            scope,
+        ))
     }
 
     /// Brings IPVS, `kube-ipvs0` and the ipsets to `desired`. On a failed
     /// operation the next sync reads the kernel back.
     pub fn sync(&mut self, desired: &IpvsDesired) -> Result<IpvsOutcome, IpvsSyncError> {
+        self.sync_scoped(desired, None)
+    }
+
+    /// [`sync`](Self::sync) looking only at `touched` (see
+    /// [`plan_scoped`](Self::plan_scoped)).
+    pub fn sync_scoped(
+        &mut self,
+        desired: &IpvsDesired,
+        touched: Option<&IpvsTouched>,
+    ) -> Result<IpvsOutcome, IpvsSyncError> {
         let full = self.committed.is_none() || self.draining > 0;
-        let plan = self.plan(desired)?;
+        let plan = self.plan_scoped(desired, touched)?;
         let mut counts = BTreeMap::new();
         let mut state = self.committed.take().expect("set by plan");
         for op in &plan.ops {
@@ -878,6 +993,8 @@ impl<D: IpvsDataplane> IpvsSyncer<D> {
             *counts.entry(op.kind()).or_insert(0) += 1;
         }
         self.committed = Some(state);
+        // A scoped diff only follows a sync that left nothing draining (one
+        // that did makes the next sync read everything back).
         self.draining = plan.draining;
         // After a full sync the nodeport addresses in use are exactly the desired.
         if full {

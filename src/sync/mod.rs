@@ -493,7 +493,7 @@ fn describe_difference(cur: &TableSnapshot, want: &TableSnapshot) -> String {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 impl<D: Dataplane + ?Sized> Dataplane for &mut D {
     fn dump(&mut self, family: Family, table: &str) -> Result<Option<TableSnapshot>, SyncError> {

@@ -14,7 +14,7 @@ use crate::model::{
 
 /// A compact random description of one service port.
 #[derive(Debug, Clone)]
-struct SvcSeed {
+pub(crate) struct SvcSeed {
     id: u8,
     v6: bool,
     protocol: u8,
@@ -29,7 +29,7 @@ struct SvcSeed {
     endpoints: Vec<(u8, bool, bool, bool, bool)>,
 }
 
-fn svc_seed() -> impl Strategy<Value = SvcSeed> {
+pub(crate) fn svc_seed() -> impl Strategy<Value = SvcSeed> {
     (
         0u8..12,
         any::<bool>(),
@@ -78,7 +78,7 @@ fn addr(v6: bool, net: u8, host: u8) -> IpAddr {
     }
 }
 
-fn state_of(seeds: &[SvcSeed]) -> ClusterState {
+pub(crate) fn state_of(seeds: &[SvcSeed]) -> ClusterState {
     let mut state = ClusterState {
         node: NodeInfo {
             name: "node-a".into(),
