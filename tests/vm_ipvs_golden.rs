@@ -190,3 +190,45 @@ fn dest_attrs(m: &IpvsMessage) -> Vec<String> {
     out.sort();
     out
 }
+
+/// Pipelined requests: a service and 300 real servers in one go, one of them a
+/// duplicate. The kernel answers each in order: the duplicate alone fails
+/// (EEXIST), `ipvsadm -Ln` sees the service with its 300 real servers.
+#[test]
+fn pipelined_requests_each_get_their_own_answer() {
+    use kube_nlproxy_netlink::ipvs::{IpvsError, IpvsRequest};
+    if skip_on_host() {
+        return;
+    }
+    let ipvs = IpvsHandle::new().expect("IPVS in the VM");
+    let vip: IpAddr = "10.199.0.1".parse().unwrap();
+    let svc = IpvsService::new(IpvsProtocol::Tcp, vip, 8099).scheduler("rr");
+    let dests: Vec<IpvsDestination> = (0..300u16)
+        .map(|i| {
+            let ip: IpAddr = format!("10.200.{}.{}", i / 200, 1 + i % 200)
+                .parse()
+                .unwrap();
+            IpvsDestination::new(ip, 8080).weight(1)
+        })
+        .collect();
+    let mut requests = vec![IpvsRequest::AddService(&svc)];
+    requests.extend(dests.iter().map(|d| IpvsRequest::AddDestination(&svc, d)));
+    requests.push(IpvsRequest::AddDestination(&svc, &dests[7]));
+    let results = ipvs.apply_pipelined(&requests);
+    assert_eq!(results.len(), 302);
+    for (i, r) in results.iter().enumerate().take(301) {
+        assert!(r.is_ok(), "request {i}: {r:?}");
+    }
+    match &results[301] {
+        Err(IpvsError::Kernel { errno, .. }) => assert_eq!(*errno, libc::EEXIST),
+        other => panic!("the duplicate: {other:?}"),
+    }
+    let out = Command::new("ipvsadm")
+        .args(["-Ln", "-t", "10.199.0.1:8099"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(text.matches("-> 10.200.").count(), 300, "{text}");
+    let results = ipvs.apply_pipelined(&[IpvsRequest::DelService(&svc)]);
+    assert!(results[0].is_ok());
+}

@@ -119,6 +119,27 @@ pub(crate) fn error_info(flags: u16, e: &ErrorMessage) -> (i32, Option<String>) 
     (errno, text)
 }
 
+/// The messages of one datagram: each header with the message's bytes.
+fn split_datagram(buf: &[u8]) -> Result<Vec<(NetlinkHeader, &[u8])>, SockError> {
+    let mut out = Vec::new();
+    let mut off = 0;
+    while off < buf.len() {
+        let bytes = &buf[off..];
+        let header = NetlinkBuffer::new_checked(bytes)
+            .and_then(|b| NetlinkHeader::parse(&b))
+            .map_err(|e| SockError::Decode(format!("netlink header: {e}")))?;
+        let len = header.length as usize;
+        if len < NETLINK_HEADER_LEN || len > bytes.len() {
+            return Err(SockError::Decode(format!(
+                "netlink message length {len} at offset {off}"
+            )));
+        }
+        out.push((header, &bytes[..len]));
+        off += len.div_ceil(4) * 4;
+    }
+    Ok(out)
+}
+
 impl NlSocket {
     /// Open and bind a socket of `protocol` (e.g. `NETLINK_GENERIC`).
     pub(crate) fn open(protocol: isize) -> Result<Self, SockError> {
@@ -188,39 +209,19 @@ impl NlSocket {
         let mut out = Vec::new();
         let mut interrupted = false;
         loop {
-            self.rbuf.clear();
-            let n = self
-                .sock
-                .recv(&mut self.rbuf, libc::MSG_TRUNC)
-                .map_err(SockError::Recv)?;
-            if n > self.rbuf.len() {
-                return Err(SockError::Recv(io::Error::other(format!(
-                    "netlink datagram of {n} bytes truncated"
-                ))));
-            }
-            let mut off = 0;
-            while off < self.rbuf.len() {
-                let bytes = &self.rbuf[off..];
-                let header = NetlinkBuffer::new_checked(bytes)
-                    .and_then(|b| NetlinkHeader::parse(&b))
-                    .map_err(|e| SockError::Decode(format!("netlink header: {e}")))?;
-                let len = header.length as usize;
-                if len < NETLINK_HEADER_LEN || len > bytes.len() {
-                    return Err(SockError::Decode(format!(
-                        "netlink message length {len} at offset {off}"
-                    )));
-                }
-                off += len.div_ceil(4) * 4;
+            self.recv_datagram()?;
+            for (header, bytes) in split_datagram(&self.rbuf)? {
                 if header.sequence_number != seq {
                     continue;
                 }
                 if header.flags & NLM_F_DUMP_INTR != 0 {
                     interrupted = true;
                 }
-                let m = NetlinkMessage::<T>::deserialize(&bytes[..len]).map_err(|e| {
+                let m = NetlinkMessage::<T>::deserialize(bytes).map_err(|e| {
                     SockError::Decode(format!(
-                        "message type {} of {len} bytes: {e}",
-                        header.message_type
+                        "message type {} of {} bytes: {e}",
+                        header.message_type,
+                        bytes.len()
                     ))
                 })?;
                 match m.payload {
@@ -237,6 +238,105 @@ impl NlSocket {
                 }
             }
         }
+    }
+
+    /// Receives one datagram into `self.rbuf`.
+    fn recv_datagram(&mut self) -> Result<(), SockError> {
+        self.rbuf.clear();
+        let n = self
+            .sock
+            .recv(&mut self.rbuf, libc::MSG_TRUNC)
+            .map_err(SockError::Recv)?;
+        if n > self.rbuf.len() {
+            return Err(SockError::Recv(io::Error::other(format!(
+                "netlink datagram of {n} bytes truncated"
+            ))));
+        }
+        Ok(())
+    }
+
+    /// Sends every message of `msgs` asking for an ack, keeping up to `window`
+    /// of them in flight instead of waiting for each ack, and returns each
+    /// one's outcome in order. The kernel handles the requests of one socket
+    /// one after another, in order, so a request may depend on an earlier one.
+    /// Replies other than the acks are dropped (for requests that have none).
+    pub(crate) fn request_pipelined<T>(
+        &mut self,
+        flags: u16,
+        msgs: Vec<T>,
+        window: usize,
+    ) -> Vec<Result<(), SockError>>
+    where
+        T: NetlinkSerializable + NetlinkDeserializable,
+    {
+        let total = msgs.len();
+        let mut results: Vec<Option<Result<(), SockError>>> = (0..total).map(|_| None).collect();
+        let mut first_seq = None;
+        let mut pending = msgs.into_iter();
+        let (mut sent, mut done) = (0, 0);
+        let fail_rest = |results: &mut Vec<Option<Result<(), SockError>>>,
+                         what: &dyn fmt::Display| {
+            for r in results.iter_mut().filter(|r| r.is_none()) {
+                *r = Some(Err(SockError::Send(io::Error::other(what.to_string()))));
+            }
+        };
+        while done < total {
+            while sent < total && sent - done < window.max(1) {
+                let msg = pending.next().expect("counted");
+                match self.send(flags | NLM_F_ACK, msg) {
+                    Ok(seq) => {
+                        first_seq.get_or_insert(seq);
+                        sent += 1;
+                    }
+                    Err(e) => {
+                        results[sent] = Some(Err(e));
+                        fail_rest(&mut results, &"not sent: an earlier send failed");
+                        return results.into_iter().map(|r| r.expect("filled")).collect();
+                    }
+                }
+            }
+            if let Err(e) = self.recv_datagram() {
+                fail_rest(&mut results, &e);
+                break;
+            }
+            let base = first_seq.expect("something was sent");
+            let acks = match split_datagram(&self.rbuf) {
+                Ok(messages) => messages
+                    .into_iter()
+                    .filter_map(|(header, bytes)| {
+                        let index = header.sequence_number.wrapping_sub(base) as usize;
+                        if index >= sent {
+                            return None;
+                        }
+                        match NetlinkMessage::<T>::deserialize(bytes).map(|m| m.payload) {
+                            Ok(NetlinkPayload::Error(e)) => {
+                                let (errno, message) = error_info(header.flags, &e);
+                                Some((index, errno, message))
+                            }
+                            _ => None,
+                        }
+                    })
+                    .collect::<Vec<_>>(),
+                Err(e) => {
+                    fail_rest(&mut results, &e);
+                    break;
+                }
+            };
+            for (index, errno, message) in acks {
+                if results[index].is_some() {
+                    continue;
+                }
+                results[index] = Some(match errno {
+                    0 => Ok(()),
+                    errno => Err(SockError::Kernel { errno, message }),
+                });
+                done += 1;
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(SockError::Recv(io::Error::other("no ack")))))
+            .collect()
     }
 
     /// A request that expects an ack (and maybe replies before it).

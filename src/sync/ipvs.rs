@@ -26,7 +26,7 @@ use std::net::IpAddr;
 use kube_nlproxy_netlink::ipset::{IpsetCreate, IpsetFamily, IpsetHandle, IpsetMember, IpsetType};
 use kube_nlproxy_netlink::ipvs::codec::IP_VS_SVC_F_PERSISTENT;
 use kube_nlproxy_netlink::ipvs::{
-    FwdMethod, IpvsDestination, IpvsHandle, IpvsProtocol, IpvsService,
+    FwdMethod, IpvsDestination, IpvsHandle, IpvsProtocol, IpvsRequest, IpvsService,
 };
 use kube_nlproxy_netlink::link::LinkHandle;
 
@@ -621,6 +621,14 @@ pub trait IpvsDataplane {
     fn dump(&mut self) -> Result<IpvsCurrent, IpvsSyncError>;
     /// Applies one operation.
     fn apply(&mut self, op: &IpvsOp) -> Result<(), IpvsSyncError>;
+    /// Applies `ops` in order; on failure, the index of the first that
+    /// failed (the ones after it may have been applied or not).
+    fn apply_all(&mut self, ops: &[IpvsOp]) -> Result<(), (usize, IpvsSyncError)> {
+        for (i, op) in ops.iter().enumerate() {
+            self.apply(op).map_err(|e| (i, e))?;
+        }
+        Ok(())
+    }
     /// Reads the real servers of one service with fresh connection counters.
     fn dests(&mut self, service: &IpvsService) -> Result<Vec<IpvsDestination>, IpvsSyncError>;
 }
@@ -675,6 +683,10 @@ impl<D: IpvsDataplane + ?Sized> IpvsDataplane for &mut D {
 
     fn apply(&mut self, op: &IpvsOp) -> Result<(), IpvsSyncError> {
         (**self).apply(op)
+    }
+
+    fn apply_all(&mut self, ops: &[IpvsOp]) -> Result<(), (usize, IpvsSyncError)> {
+        (**self).apply_all(ops)
     }
 
     fn dests(&mut self, service: &IpvsService) -> Result<Vec<IpvsDestination>, IpvsSyncError> {
@@ -854,6 +866,45 @@ impl IpvsDataplane for NetlinkIpvs {
         })
     }
 
+    /// Runs of IPVS operations go pipelined (one round trip per window, not
+    /// per operation); the rest one by one.
+    fn apply_all(&mut self, ops: &[IpvsOp]) -> Result<(), (usize, IpvsSyncError)> {
+        let mut i = 0;
+        while i < ops.len() {
+            let run: Vec<IpvsRequest<'_>> = ops[i..].iter().map_while(ipvs_request).collect();
+            if run.len() < 2 {
+                self.apply(&ops[i]).map_err(|e| (i, e))?;
+                i += 1;
+                continue;
+            }
+            let ipvs = self.ipvs().map_err(|source| {
+                (
+                    i,
+                    IpvsSyncError::ApplyFailed {
+                        op: ops[i].to_string(),
+                        source,
+                    },
+                )
+            })?;
+            let results = ipvs.apply_pipelined(&run);
+            if let Some((k, e)) = results
+                .into_iter()
+                .enumerate()
+                .find_map(|(k, r)| r.err().map(|e| (k, e)))
+            {
+                return Err((
+                    i + k,
+                    IpvsSyncError::ApplyFailed {
+                        op: ops[i + k].to_string(),
+                        source: e.into(),
+                    },
+                ));
+            }
+            i += run.len();
+        }
+        Ok(())
+    }
+
     fn dests(&mut self, service: &IpvsService) -> Result<Vec<IpvsDestination>, IpvsSyncError> {
         let failed = |source: BoxError| IpvsSyncError::DumpFailed {
             what: format!("real servers of {}:{}", service.addr, service.port),
@@ -864,6 +915,20 @@ impl IpvsDataplane for NetlinkIpvs {
             .list_destinations(service)
             .map_err(|e| failed(e.into()))
     }
+}
+
+/// The IPVS request of an operation that is one (the rest are ipset, link
+/// and address operations).
+fn ipvs_request(op: &IpvsOp) -> Option<IpvsRequest<'_>> {
+    Some(match op {
+        IpvsOp::AddService(s) => IpvsRequest::AddService(s),
+        IpvsOp::UpdateService(s) => IpvsRequest::UpdateService(s),
+        IpvsOp::DelService(s) => IpvsRequest::DelService(s),
+        IpvsOp::AddDest(s, d) => IpvsRequest::AddDestination(s, d),
+        IpvsOp::UpdateDest(s, d) => IpvsRequest::UpdateDestination(s, d),
+        IpvsOp::DelDest(s, d) => IpvsRequest::DelDestination(s, d),
+        _ => return None,
+    })
 }
 
 /// What one IPVS-mode sync did.
@@ -982,11 +1047,12 @@ impl<D: IpvsDataplane> IpvsSyncer<D> {
         let plan = self.plan_scoped(desired, touched)?;
         let mut counts = BTreeMap::new();
         let mut state = self.committed.take().expect("set by plan");
+        if let Err((_, e)) = self.dataplane.apply_all(&plan.ops) {
+            // Which of the later operations went through is unknown: the next
+            // sync reads the kernel back.
+            return Err(e);
+        }
         for op in &plan.ops {
-            if let Err(e) = self.dataplane.apply(op) {
-                self.committed = None;
-                return Err(e);
-            }
             // Keep our model of the kernel in step (it cannot refuse what the
             // kernel accepted).
             let _ = state.apply(op);

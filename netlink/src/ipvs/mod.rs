@@ -597,6 +597,67 @@ struct Conn {
     family_id: u16,
 }
 
+/// Requests [`IpvsHandle::apply_pipelined`] keeps in flight at once.
+pub const PIPELINE_WINDOW: usize = 256;
+
+/// One change of a pipelined batch ([`IpvsHandle::apply_pipelined`]).
+#[derive(Debug, Clone, Copy)]
+pub enum IpvsRequest<'a> {
+    /// `ipvsadm -A`
+    AddService(&'a IpvsService),
+    /// `ipvsadm -E`
+    UpdateService(&'a IpvsService),
+    /// `ipvsadm -D`
+    DelService(&'a IpvsService),
+    /// `ipvsadm -a`
+    AddDestination(&'a IpvsService, &'a IpvsDestination),
+    /// `ipvsadm -e`
+    UpdateDestination(&'a IpvsService, &'a IpvsDestination),
+    /// `ipvsadm -d`
+    DelDestination(&'a IpvsService, &'a IpvsDestination),
+}
+
+impl IpvsRequest<'_> {
+    fn message(&self) -> IpvsMessage {
+        match *self {
+            IpvsRequest::AddService(s) => request::new_service(s),
+            IpvsRequest::UpdateService(s) => request::set_service(s),
+            IpvsRequest::DelService(s) => request::del_service(s),
+            IpvsRequest::AddDestination(s, d) => request::new_dest(s, d),
+            IpvsRequest::UpdateDestination(s, d) => request::set_dest(s, d),
+            IpvsRequest::DelDestination(s, d) => request::del_dest(s, d),
+        }
+    }
+
+    /// As the one-request methods name it in errors.
+    fn describe(&self) -> String {
+        match *self {
+            IpvsRequest::AddService(s) => format!("add service {}", s.describe()),
+            IpvsRequest::UpdateService(s) => format!("update service {}", s.describe()),
+            IpvsRequest::DelService(s) => format!("delete service {}", s.describe()),
+            IpvsRequest::AddDestination(s, d) => {
+                format!("add destination {}:{} to {}", d.addr, d.port, s.describe())
+            }
+            IpvsRequest::UpdateDestination(s, d) => {
+                format!(
+                    "update destination {}:{} of {}",
+                    d.addr,
+                    d.port,
+                    s.describe()
+                )
+            }
+            IpvsRequest::DelDestination(s, d) => {
+                format!(
+                    "delete destination {}:{} of {}",
+                    d.addr,
+                    d.port,
+                    s.describe()
+                )
+            }
+        }
+    }
+}
+
 /// Handle to IPVS in the network namespace it was opened in: the `ipvsadm`
 /// equivalent. Cloning shares one socket.
 #[derive(Debug, Clone)]
@@ -649,6 +710,10 @@ impl IpvsHandle {
         Ok(r.into_iter().map(|g| g.msg).collect())
     }
 
+    fn one(&self, r: IpvsRequest<'_>) -> Result<(), IpvsError> {
+        self.call(&r.describe(), r.message()).map(drop)
+    }
+
     fn dump(&self, what: &str, msg: IpvsMessage) -> Result<Vec<IpvsMessage>, IpvsError> {
         let mut c = self.lock();
         let family_id = c.family_id;
@@ -679,30 +744,57 @@ impl IpvsHandle {
     /// Add a virtual service: `ipvsadm -A -t VIP:PORT -s SCHED [-p TIMEOUT]`.
     pub fn add_service(&self, s: &IpvsService) -> Result<(), IpvsError> {
         Self::check(s)?;
-        self.call(
-            &format!("add service {}", s.describe()),
-            request::new_service(s),
-        )
-        .map(drop)
+        self.one(IpvsRequest::AddService(s))
     }
 
     /// Change a virtual service: `ipvsadm -E …`.
     pub fn update_service(&self, s: &IpvsService) -> Result<(), IpvsError> {
         Self::check(s)?;
-        self.call(
-            &format!("update service {}", s.describe()),
-            request::set_service(s),
-        )
-        .map(drop)
+        self.one(IpvsRequest::UpdateService(s))
     }
 
     /// Delete a virtual service and its destinations: `ipvsadm -D -t VIP:PORT`.
     pub fn del_service(&self, s: &IpvsService) -> Result<(), IpvsError> {
-        self.call(
-            &format!("delete service {}", s.describe()),
-            request::del_service(s),
-        )
-        .map(drop)
+        self.one(IpvsRequest::DelService(s))
+    }
+
+    /// Sends `requests` pipelined (up to [`PIPELINE_WINDOW`] in flight, in
+    /// order) and returns each one's outcome: one round trip per window
+    /// instead of one per request. A request may depend on an earlier one
+    /// (a real server on the service added just before).
+    pub fn apply_pipelined(&self, requests: &[IpvsRequest<'_>]) -> Vec<Result<(), IpvsError>> {
+        let mut checked = Vec::with_capacity(requests.len());
+        let mut msgs = Vec::with_capacity(requests.len());
+        let family_id = self.lock().family_id;
+        for r in requests {
+            let invalid = match r {
+                IpvsRequest::AddService(s) | IpvsRequest::UpdateService(s) => Self::check(s).err(),
+                _ => None,
+            };
+            if invalid.is_none() {
+                msgs.push(Genl {
+                    family_id,
+                    msg: r.message(),
+                });
+            }
+            checked.push(invalid);
+        }
+        let mut sent = self
+            .lock()
+            .sock
+            .request_pipelined(0, msgs, PIPELINE_WINDOW)
+            .into_iter();
+        requests
+            .iter()
+            .zip(checked)
+            .map(|(r, invalid)| match invalid {
+                Some(e) => Err(e),
+                None => sent
+                    .next()
+                    .unwrap_or(Ok(()))
+                    .map_err(|e| sock_err(&r.describe(), e)),
+            })
+            .collect()
     }
 
     /// All virtual services: `ipvsadm -Ln` (services only).
@@ -716,11 +808,7 @@ impl IpvsHandle {
 
     /// Add a real server: `ipvsadm -a -t VIP:PORT -r RIP:RPORT -m -w W`.
     pub fn add_destination(&self, s: &IpvsService, d: &IpvsDestination) -> Result<(), IpvsError> {
-        self.call(
-            &format!("add destination {}:{} to {}", d.addr, d.port, s.describe()),
-            request::new_dest(s, d),
-        )
-        .map(drop)
+        self.one(IpvsRequest::AddDestination(s, d))
     }
 
     /// Change a real server (weight, thresholds): `ipvsadm -e …`.
@@ -729,30 +817,12 @@ impl IpvsHandle {
         s: &IpvsService,
         d: &IpvsDestination,
     ) -> Result<(), IpvsError> {
-        self.call(
-            &format!(
-                "update destination {}:{} of {}",
-                d.addr,
-                d.port,
-                s.describe()
-            ),
-            request::set_dest(s, d),
-        )
-        .map(drop)
+        self.one(IpvsRequest::UpdateDestination(s, d))
     }
 
     /// Remove a real server: `ipvsadm -d -t VIP:PORT -r RIP:RPORT`.
     pub fn del_destination(&self, s: &IpvsService, d: &IpvsDestination) -> Result<(), IpvsError> {
-        self.call(
-            &format!(
-                "delete destination {}:{} of {}",
-                d.addr,
-                d.port,
-                s.describe()
-            ),
-            request::del_dest(s, d),
-        )
-        .map(drop)
+        self.one(IpvsRequest::DelDestination(s, d))
     }
 
     /// Real servers of one service with their connection counters:
