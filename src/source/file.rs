@@ -514,7 +514,16 @@ struct Loaded<'a> {
     suppressed: usize,
 }
 
-impl Loaded<'_> {
+impl<'a> Loaded<'a> {
+    fn new(origin: &'a str) -> Self {
+        Loaded {
+            origin,
+            objects: Objects::default(),
+            warnings: Vec::new(),
+            suppressed: 0,
+        }
+    }
+
     fn warn(&mut self, warning: String) {
         if self.warnings.len() < MAX_WARNINGS_PER_FILE {
             self.warnings.push(warning);
@@ -599,18 +608,61 @@ impl Loaded<'_> {
 /// the other documents still load; a syntax error or an exceeded limit (depth,
 /// nodes, aliases) is one warning that ends the text, keeping the documents before.
 pub fn parse_manifests(text: &str, origin: &str) -> (Objects, Vec<String>) {
-    let mut loaded = Loaded {
-        origin,
-        objects: Objects::default(),
-        warnings: Vec::new(),
-        suppressed: 0,
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
+    let parts = if text.len() >= PARALLEL_PARSE_BYTES && threads > 1 {
+        split_documents(text, threads)
+    } else {
+        Vec::new()
     };
+    if parts.len() > 1 {
+        let results: Vec<Option<(Loaded<'_>, bool)>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = parts
+                .iter()
+                .map(|&(first_line, part)| {
+                    scope.spawn(move || {
+                        let mut loaded = Loaded::new(origin);
+                        let clean = parse_into(&mut loaded, part, first_line);
+                        (loaded, clean)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().ok()).collect()
+        });
+        // A syntax error's own message counts lines from where its parser
+        // started: parse the whole text again so it names the right line.
+        if results.iter().all(|r| r.as_ref().is_some_and(|(_, clean)| *clean)) {
+            let mut merged = Loaded::new(origin);
+            for (loaded, _) in results.into_iter().flatten() {
+                merged.objects.extend(loaded.objects);
+                for w in loaded.warnings {
+                    merged.warn(w);
+                }
+                merged.suppressed += loaded.suppressed;
+            }
+            return merged.finish();
+        }
+    }
+    let mut loaded = Loaded::new(origin);
+    parse_into(&mut loaded, text, 0);
+    loaded.finish()
+}
+
+/// Texts at least this big are parsed on several threads, split between
+/// documents (the YAML parser does some 5 MB/s; 10k Services with their
+/// EndpointSlices are about 5.6 MB).
+const PARALLEL_PARSE_BYTES: usize = 512 << 10;
+
+/// Parses the documents of `text` into `loaded`; `first_line` is the line of
+/// the whole file `text` starts at. Returns whether the YAML was well formed.
+fn parse_into(loaded: &mut Loaded<'_>, text: &str, first_line: usize) -> bool {
+    let origin = loaded.origin;
     let mut input = text.as_bytes();
     let documents = serde_saphyr::read_with_options::<_, serde_saphyr::Spanned<Node>>(
         &mut input,
         yaml_options(),
     );
     let mut last_error = None;
+    let mut clean = true;
     // Every document or error consumes input, so there are fewer than `len + 2` of
     // them; the bound makes a parser that repeats itself (as serde_yaml did after a
     // syntax error) harmless.
@@ -619,11 +671,12 @@ pub fn parse_manifests(text: &str, origin: &str) -> (Objects, Vec<String>) {
             Ok(document) => {
                 let at = match document.referenced.line() {
                     0 => origin.to_owned(),
-                    line => format!("{origin}:{line}"),
+                    line => format!("{origin}:{}", line as usize + first_line),
                 };
                 loaded.add_document(document.value, &at);
             }
             Err(e) => {
+                clean = false;
                 let location = e.location();
                 if location.is_some() && location == last_error {
                     break;
@@ -633,7 +686,35 @@ pub fn parse_manifests(text: &str, origin: &str) -> (Objects, Vec<String>) {
             }
         }
     }
-    loaded.finish()
+    clean
+}
+
+/// Splits `text` into at most `parts` pieces of whole documents, cut where a
+/// line is a document marker (`---` at the start of a line, which YAML
+/// forbids inside any scalar), each with the number of lines before it. A
+/// text with directives (`%YAML`, `%TAG`: they belong to the next document)
+/// is not split.
+fn split_documents(text: &str, parts: usize) -> Vec<(usize, &str)> {
+    if text.starts_with('%') || text.contains("\n%") {
+        return vec![(0, text)];
+    }
+    let target = text.len() / parts.max(1);
+    let mut out = Vec::new();
+    let (mut start, mut start_line, mut line) = (0, 0, 0);
+    let mut offset = 0;
+    for l in text.split_inclusive('\n') {
+        let marker = l.starts_with("---")
+            && matches!(l.as_bytes().get(3), None | Some(b' ' | b'\t' | b'\r' | b'\n'));
+        if marker && offset - start >= target && out.len() + 1 < parts {
+            out.push((start_line, &text[start..offset]));
+            start = offset;
+            start_line = line;
+        }
+        offset += l.len();
+        line += 1;
+    }
+    out.push((start_line, &text[start..]));
+    out
 }
 
 fn is_manifest_name(path: &Path) -> bool {
@@ -817,6 +898,57 @@ impl super::ObjectSource for FileSource {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A text big enough to be parsed on several threads: `MIXED` over and
+    /// over, every copy's bad Service named apart.
+    fn big_mixed() -> String {
+        let mut text = String::new();
+        let mut i = 0;
+        while text.len() < 2 * PARALLEL_PARSE_BYTES {
+            text.push_str(&MIXED.replace("name: bad", &format!("name: bad{i}")));
+            text.push_str("---\n");
+            i += 1;
+        }
+        text
+    }
+
+    #[test]
+    fn a_big_text_parses_on_threads_exactly_as_in_one_go() {
+        let text = big_mixed();
+        let parts = split_documents(&text, 4);
+        assert_eq!(parts.len(), 4);
+        assert_eq!(parts.iter().map(|(_, p)| p.len()).sum::<usize>(), text.len());
+        for (first_line, part) in &parts {
+            assert!(part.is_empty() || *first_line == 0 || part.starts_with("---"));
+            assert_eq!(text[..text.find(part).unwrap()].matches('\n').count(), *first_line);
+        }
+        let (objects, warnings) = parse_manifests(&text, "big.yaml");
+        let mut one = Loaded::new("big.yaml");
+        assert!(parse_into(&mut one, &text, 0));
+        let (want_objects, want_warnings) = one.finish();
+        assert_eq!(objects.services, want_objects.services);
+        assert_eq!(objects.endpoint_slices, want_objects.endpoint_slices);
+        assert!(!objects.services.is_empty());
+        assert_eq!(warnings, want_warnings);
+        assert!(warnings.iter().any(|w| w.contains("more warnings not shown")));
+
+        // A syntax error anywhere: the whole text again, one parser, lines right.
+        let mut valid = String::new();
+        while valid.len() < 2 * PARALLEL_PARSE_BYTES {
+            valid.push_str(&format!(
+                "apiVersion: v1\nkind: Service\nmetadata: {{name: s{}, namespace: default}}\nspec: {{clusterIP: 10.0.0.1, ports: [{{port: 80}}]}}\n---\n",
+                valid.len()
+            ));
+        }
+        let broken = format!("{valid}just: a\nrandom: [document\n");
+        let (_, warnings) = parse_manifests(&broken, "big.yaml");
+        let line = broken.matches('\n').count();
+        assert!(
+            warnings.iter().any(|w| w.contains("invalid YAML") && w.contains(&format!("line {line}"))),
+            "{:?}",
+            warnings.iter().filter(|w| w.contains("invalid")).collect::<Vec<_>>()
+        );
+    }
 
     const MIXED: &str = r#"
 apiVersion: v1
