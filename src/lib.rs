@@ -6,6 +6,7 @@ pub mod daemon;
 pub mod ipvs_proxier;
 pub mod mode;
 pub mod model;
+pub mod privileges;
 pub mod proxier;
 pub mod serve;
 pub mod source;
