@@ -324,9 +324,10 @@ fn status_caps(status: &str, key: &str) -> Option<Caps> {
 pub struct Privileges {
     /// Kept for the whole run.
     kept: Caps,
-    /// Whether `CAP_SYS_RESOURCE` (and `CAP_SETPCAP` to drop it from the bounding
-    /// set later) are still in the permitted set.
-    sys_resource: bool,
+    /// Held in the permitted set until [`Privileges::drop_sys_resource`]:
+    /// `CAP_SYS_RESOURCE`, and `CAP_SETPCAP` when the process had it (to take
+    /// `CAP_SYS_RESOURCE` out of the bounding set then). Empty once dropped.
+    window: Caps,
 }
 
 impl Privileges {
@@ -355,14 +356,15 @@ impl Privileges {
                 "running without CAP_SYS_RESOURCE: the process does not have it (oomScoreAdj cannot be lowered)"
             );
         }
-        // Held until `drop_sys_resource`: SYS_RESOURCE, and SETPCAP to take it out
-        // of the bounding set then.
-        let window = if sys_resource {
-            Caps::SYS_RESOURCE.with(Caps::SETPCAP)
-        } else {
-            Caps::NONE
+        let setpcap = permitted.contains(Caps::SETPCAP);
+        // Held until `drop_sys_resource`: SYS_RESOURCE, and SETPCAP (when we have
+        // it) to take SYS_RESOURCE out of the bounding set then.
+        let window = match (sys_resource, setpcap) {
+            (false, _) => Caps::NONE,
+            (true, false) => Caps::SYS_RESOURCE,
+            (true, true) => Caps::SYS_RESOURCE.with(Caps::SETPCAP),
         };
-        if permitted.contains(Caps::SETPCAP) {
+        if setpcap {
             set(Caps(now.effective.bits()).with(Caps::SETPCAP), permitted)?;
             shrink_bounding(kept.with(window))?;
         } else {
@@ -385,7 +387,7 @@ impl Privileges {
                 ""
             }
         );
-        Ok(Privileges { kept, sys_resource })
+        Ok(Privileges { kept, window })
     }
 
     /// The capabilities kept for the whole run.
@@ -395,16 +397,16 @@ impl Privileges {
 
     /// Whether `CAP_SYS_RESOURCE` is still held (permitted).
     pub fn holds_sys_resource(&self) -> bool {
-        self.sys_resource
+        self.window.contains(Caps::SYS_RESOURCE)
     }
 
     /// Runs `f` with `CAP_SYS_RESOURCE` effective on this thread (when it is still
     /// held), then lowers it again. Without it, just runs `f`.
     pub fn with_sys_resource<T>(&self, f: impl FnOnce() -> T) -> Result<T, PrivilegeError> {
-        if !self.sys_resource {
+        if !self.holds_sys_resource() {
             return Ok(f());
         }
-        let permitted = self.kept.with(Caps::SYS_RESOURCE).with(Caps::SETPCAP);
+        let permitted = self.kept.with(self.window);
         set(self.kept.with(Caps::SYS_RESOURCE), permitted)?;
         let out = f();
         set(self.kept, permitted)?;
@@ -412,15 +414,18 @@ impl Privileges {
     }
 
     /// Drops `CAP_SYS_RESOURCE` (and `CAP_SETPCAP`) from every set of this
-    /// thread, then checks that no thread of the process holds more than
+    /// thread (from the bounding set only when `CAP_SETPCAP` was held), then checks that no thread of the process holds more than
     /// [`Privileges::kept`]. Calling it again only repeats the check.
     pub fn drop_sys_resource(&mut self) -> Result<(), PrivilegeError> {
-        if self.sys_resource {
-            let permitted = self.kept.with(Caps::SYS_RESOURCE).with(Caps::SETPCAP);
-            set(self.kept.with(Caps::SETPCAP), permitted)?;
-            shrink_bounding(self.kept)?;
+        if self.window != Caps::NONE {
+            if self.window.contains(Caps::SETPCAP) {
+                set(self.kept.with(Caps::SETPCAP), self.kept.with(self.window))?;
+                shrink_bounding(self.kept)?;
+            }
+            // Without CAP_SETPCAP the bounding set keeps CAP_SYS_RESOURCE; with
+            // no_new_privs and empty inheritable/ambient sets no exec can regain it.
             set(self.kept, self.kept)?;
-            self.sys_resource = false;
+            self.window = Caps::NONE;
             tracing::info!("dropped CAP_SYS_RESOURCE; capabilities: {}", self.kept);
         }
         self.check_threads()
