@@ -59,6 +59,7 @@ pub(crate) fn build_options(cfg: &Config) -> BuildOptions {
     BuildOptions {
         node_name: node_name(cfg),
         node_ips_override: cfg.node_ips.clone(),
+        ignore_external_ips: cfg.ignore_external_ips,
     }
 }
 
