@@ -8,6 +8,7 @@ pub mod daemon;
 pub mod driver;
 pub mod mode;
 pub mod model;
+pub mod privileges;
 pub mod proxier;
 pub mod serve;
 pub mod source;

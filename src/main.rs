@@ -2,8 +2,21 @@
 
 use std::process::ExitCode;
 
-use kube_nlproxy::config::{self, Command, ConfigError};
+use kube_nlproxy::config::{self, Command, ConfigError, host};
+use kube_nlproxy::privileges::{Needs, Privileges};
 use kube_nlproxy::proxier;
+
+/// Prints `what: error: cause: ...` and fails.
+fn fail(what: &str, e: &dyn std::error::Error) -> ExitCode {
+    let mut msg = format!("kube-nlproxy: {what}: {e}");
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        msg.push_str(&format!(": {c}"));
+        cause = c.source();
+    }
+    eprintln!("{msg}");
+    ExitCode::FAILURE
+}
 
 fn main() -> ExitCode {
     let cfg = match config::parse_args(std::env::args().skip(1)) {
@@ -31,6 +44,23 @@ fn main() -> ExitCode {
         .init();
     for w in &cfg.warnings {
         tracing::warn!("config file: {w}");
+    }
+
+    // Least privilege (SECURITY.md), while the process has one thread: keep what
+    // the command needs, lower oom_score_adj with CAP_SYS_RESOURCE, then drop it.
+    let mut privileges = match Privileges::drop_to(&Needs::for_config(&cfg)) {
+        Ok(p) => p,
+        Err(e) => return fail("cannot drop privileges", &e),
+    };
+    if cfg.command == Command::Run
+        && !cfg.once
+        && let Some(adj) = cfg.oom_score_adj
+        && let Err(e) = privileges.with_sys_resource(|| host::apply_oom_score_adj(adj))
+    {
+        return fail("cannot raise CAP_SYS_RESOURCE", &e);
+    }
+    if let Err(e) = privileges.drop_sys_resource() {
+        return fail("cannot drop CAP_SYS_RESOURCE", &e);
     }
 
     let runtime = match tokio::runtime::Builder::new_current_thread()

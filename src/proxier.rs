@@ -246,9 +246,8 @@ async fn run_with<M: Mode, H: Host>(
         return Ok(());
     }
     driver.host_mut().apply_conntrack_settings(&cfg.conntrack);
-    if let Some(adj) = cfg.oom_score_adj {
-        crate::config::host::apply_oom_score_adj(adj);
-    }
+    // oom_score_adj was written by main, with CAP_SYS_RESOURCE, before the
+    // capabilities were dropped.
     let source = start_source(cfg).await?;
     Ok(crate::daemon::run(cfg, source.as_ref(), &mut driver).await?)
 }

@@ -8,7 +8,8 @@ use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use serde_json::Value;
 
-use kube_nlproxy::config::{self, Command};
+use kube_nlproxy::config::{self, Command, host};
+use kube_nlproxy::privileges::{Caps, Needs};
 
 const MANIFEST: &str = include_str!("../deploy/kube-nlproxy.yaml");
 
@@ -156,15 +157,26 @@ fn daemonset_flags_parse_with_the_binarys_parser() {
             k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(port.parse().unwrap())
         );
     }
-    // Only the capabilities it needs; no privileged mode, no /lib/modules.
+    // Exactly the capabilities the daemon keeps for this configuration (and
+    // CAP_SYS_RESOURCE for its start-up window); no privileged mode, no
+    // escalation, no /lib/modules.
     let sc = c.security_context.as_ref().unwrap();
-    assert_ne!(sc.privileged, Some(true));
+    assert_eq!(sc.privileged, Some(false));
+    assert_eq!(sc.allow_privilege_escalation, Some(false));
+    assert_eq!(sc.run_as_user, Some(0), "uid 0 owns the files it writes");
     let caps = sc.capabilities.as_ref().unwrap();
     assert_eq!(caps.drop.as_deref(), Some(&["ALL".to_string()][..]));
-    assert_eq!(
-        caps.add.as_deref(),
-        Some(&["NET_ADMIN".to_string(), "SYS_RESOURCE".to_string()][..])
-    );
+    let needs = Needs::for_config(&cfg);
+    let mut want = needs.kept(1024);
+    if needs.sys_resource {
+        want = want.with(Caps::SYS_RESOURCE);
+    }
+    assert_eq!(want, Caps::NET_ADMIN.with(Caps::SYS_RESOURCE));
+    assert_eq!(caps.add.clone().unwrap_or_default(), want.pod_names());
+    // /proc/sys and /sys are read-only in such a container: the configuration
+    // asks for no sysctl write, whatever the node's current values.
+    let writes = host::conntrack_writes(&cfg.conntrack, 64, Some(0), Some(0));
+    assert!(writes.is_empty(), "conntrack writes: {writes:?}");
     assert!(
         pod.volumes
             .unwrap_or_default()

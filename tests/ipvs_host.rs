@@ -226,6 +226,7 @@ fn state(manifests: &str) -> ClusterState {
         &BuildOptions {
             node_name: "node-a".into(),
             node_ips_override: vec![],
+            ignore_external_ips: false,
         },
     );
     assert!(warnings.is_empty(), "{warnings:?}");

@@ -281,6 +281,12 @@ pub fn apply(text: &str, mut cfg: Config) -> Result<Config, String> {
                     "nodePortAddresses: expected a list, got {other:?}; ignored"
                 )),
             },
+            // Ours (kube-proxy has no such field): see `--ignore-external-ips`.
+            "ignoreExternalIPs" => {
+                if let Some(b) = r.boolean(&name, v) {
+                    cfg.ignore_external_ips = b;
+                }
+            }
             "oomScoreAdj" => {
                 if let Some(n) = r.int(&name, v) {
                     cfg.oom_score_adj = i32::try_from(n).ok();
@@ -581,6 +587,15 @@ bogusField: 1
         .unwrap();
         assert_eq!(cfg.sync_period, Duration::from_secs(30));
         assert_eq!(cfg.warnings.len(), 2, "{:?}", cfg.warnings);
+    }
+
+    #[test]
+    fn ignore_external_ips_field() {
+        let text = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nignoreExternalIPs: true\n";
+        let cfg = apply(text, Config::default()).unwrap();
+        assert!(cfg.ignore_external_ips);
+        assert!(cfg.warnings.is_empty(), "{:?}", cfg.warnings);
+        assert!(!Config::default().ignore_external_ips);
     }
 
     #[test]

@@ -92,6 +92,9 @@ pub struct Config {
     pub nodeport_addresses: NodePortAddressesFlag,
     /// `--masquerade-all`
     pub masquerade_all: bool,
+    /// `--ignore-external-ips` (ours; file: `ignoreExternalIPs`): serve no
+    /// `spec.externalIPs` (CVE-2020-8554, see SECURITY.md).
+    pub ignore_external_ips: bool,
     /// `--sync-period` (30s)
     pub sync_period: Duration,
     /// `--min-sync-period` (1s)
@@ -140,6 +143,7 @@ impl Default for Config {
             pod_interface_name_prefix: None,
             nodeport_addresses: NodePortAddressesFlag::Primary,
             masquerade_all: false,
+            ignore_external_ips: false,
             sync_period: Duration::from_secs(30),
             min_sync_period: Duration::from_secs(1),
             once: false,
@@ -212,6 +216,7 @@ FLAGS (kube-proxy names):
   --pod-interface-name-prefix P   for InterfaceNamePrefix
   --nodeport-addresses primary|CIDR[,CIDR]   (default primary)
   --masquerade-all                SNAT all traffic sent via service IPs
+  --ignore-external-ips           serve no Service spec.externalIPs (CVE-2020-8554)
   --sync-period DURATION          periodic full resync (default 30s)
   --min-sync-period DURATION      minimum time between syncs (default 1s)
   --once                          sync once; exit 0 only if the kernel then matches
@@ -352,6 +357,7 @@ where
         };
         const BOOLS: &[&str] = &[
             "--masquerade-all",
+            "--ignore-external-ips",
             "--once",
             "--cleanup",
             "--ipvs-strict-arp",
@@ -366,6 +372,7 @@ where
             };
             match flag.as_str() {
                 "--masquerade-all" => cfg.masquerade_all = on,
+                "--ignore-external-ips" => cfg.ignore_external_ips = on,
                 "--once" => cfg.once = on,
                 "--ipvs-strict-arp" => cfg.ipvs_strict_arp = on,
                 "--conntrack-tcp-be-liberal" => cfg.conntrack.tcp_be_liberal = on,
@@ -532,6 +539,21 @@ mod tests {
         assert_eq!(c.nodeport_addresses, NodePortAddressesFlag::Primary);
         assert_eq!(c.healthz_bind_address, "0.0.0.0:10256");
         assert_eq!(c.metrics_bind_address, "127.0.0.1:10249");
+    }
+
+    #[test]
+    fn ignore_external_ips_flag() {
+        assert!(
+            !parse_args(["run"]).unwrap().ignore_external_ips,
+            "off by default"
+        );
+        assert!(
+            parse_args(["--ignore-external-ips"])
+                .unwrap()
+                .ignore_external_ips
+        );
+        let c = parse_args(["--ignore-external-ips=false"]).unwrap();
+        assert!(!c.ignore_external_ips);
     }
 
     #[test]

@@ -153,6 +153,7 @@ impl<M: Mode, H: Host> Driver<M, H> {
                 .clone()
                 .unwrap_or_else(|| host.hostname()),
             node_ips_override: cfg.node_ips.clone(),
+            ignore_external_ips: cfg.ignore_external_ips,
         };
         Driver {
             cfg: cfg.clone(),

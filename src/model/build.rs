@@ -36,6 +36,9 @@ pub struct BuildOptions {
     pub node_name: String,
     /// `--node-ip`; when non-empty it replaces the Node object's addresses.
     pub node_ips_override: Vec<IpAddr>,
+    /// `--ignore-external-ips`: every Service is built as if its
+    /// `spec.externalIPs` were empty.
+    pub ignore_external_ips: bool,
 }
 
 /// Something in an object that was ignored or skipped.
@@ -115,7 +118,7 @@ pub fn build(objects: &Objects, opts: &BuildOptions) -> (ClusterState, Vec<Warni
     let mut state = ClusterState::default();
 
     for svc in &objects.services {
-        for sp in service_ports(svc, &mut warnings) {
+        for sp in service_ports(svc, opts, &mut warnings) {
             state.services.insert((sp.name.clone(), sp.family), sp);
         }
     }
@@ -202,7 +205,11 @@ fn cluster_ips(svc: &Service, object: &str, warnings: &mut Vec<Warning>) -> Opti
 }
 
 /// All service ports of one Service (one per port and family).
-pub(super) fn service_ports(svc: &Service, warnings: &mut Vec<Warning>) -> Vec<ServicePort> {
+pub(super) fn service_ports(
+    svc: &Service,
+    opts: &BuildOptions,
+    warnings: &mut Vec<Warning>,
+) -> Vec<ServicePort> {
     let namespace = svc
         .metadata
         .namespace
@@ -228,8 +235,12 @@ pub(super) fn service_ports(svc: &Service, warnings: &mut Vec<Warning>) -> Vec<S
     };
     let node_port_type = type_ == "NodePort" || type_ == "LoadBalancer";
 
+    let spec_external_ips: &[String] = match &spec.external_ips {
+        Some(ips) if !opts.ignore_external_ips => ips,
+        _ => &[],
+    };
     let mut external_ips = Vec::new();
-    for (i, s) in spec.external_ips.iter().flatten().enumerate() {
+    for (i, s) in spec_external_ips.iter().enumerate() {
         match parse_ip_sloppy(s) {
             Some(ip) => external_ips.push(ip),
             None => warn(
@@ -283,8 +294,7 @@ pub(super) fn service_ports(svc: &Service, warnings: &mut Vec<Warning>) -> Vec<S
 
     // Upstream apiservice.ExternalPolicyLocal: only meaningful for services reachable
     // from outside.
-    let externally_reachable_type =
-        node_port_type || !spec.external_ips.as_deref().unwrap_or_default().is_empty();
+    let externally_reachable_type = node_port_type || !spec_external_ips.is_empty();
     let external_policy = match spec.external_traffic_policy.as_deref() {
         Some("Local") if externally_reachable_type => TrafficPolicy::Local,
         _ => TrafficPolicy::Cluster,

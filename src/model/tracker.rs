@@ -175,7 +175,7 @@ impl ModelTracker {
             let new_ports: Vec<ServicePort> = match services.get(&key) {
                 Some(Some(svc)) => {
                     let mut warnings = Vec::new();
-                    let ports = service_ports(svc, &mut warnings);
+                    let ports = service_ports(svc, &self.opts, &mut warnings);
                     self.set_warnings(
                         format!("Service {}/{}", key.0, key.1),
                         warnings,

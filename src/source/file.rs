@@ -630,7 +630,10 @@ pub fn parse_manifests(text: &str, origin: &str) -> (Objects, Vec<String>) {
         });
         // A syntax error's own message counts lines from where its parser
         // started: parse the whole text again so it names the right line.
-        if results.iter().all(|r| r.as_ref().is_some_and(|(_, clean)| *clean)) {
+        if results
+            .iter()
+            .all(|r| r.as_ref().is_some_and(|(_, clean)| *clean))
+        {
             let mut merged = Loaded::new(origin);
             for (loaded, _) in results.into_iter().flatten() {
                 merged.objects.extend(loaded.objects);
@@ -704,7 +707,10 @@ fn split_documents(text: &str, parts: usize) -> Vec<(usize, &str)> {
     let mut offset = 0;
     for l in text.split_inclusive('\n') {
         let marker = l.starts_with("---")
-            && matches!(l.as_bytes().get(3), None | Some(b' ' | b'\t' | b'\r' | b'\n'));
+            && matches!(
+                l.as_bytes().get(3),
+                None | Some(b' ' | b'\t' | b'\r' | b'\n')
+            );
         if marker && offset - start >= target && out.len() + 1 < parts {
             out.push((start_line, &text[start..offset]));
             start = offset;
@@ -917,10 +923,16 @@ mod tests {
         let text = big_mixed();
         let parts = split_documents(&text, 4);
         assert_eq!(parts.len(), 4);
-        assert_eq!(parts.iter().map(|(_, p)| p.len()).sum::<usize>(), text.len());
+        assert_eq!(
+            parts.iter().map(|(_, p)| p.len()).sum::<usize>(),
+            text.len()
+        );
         for (first_line, part) in &parts {
             assert!(part.is_empty() || *first_line == 0 || part.starts_with("---"));
-            assert_eq!(text[..text.find(part).unwrap()].matches('\n').count(), *first_line);
+            assert_eq!(
+                text[..text.find(part).unwrap()].matches('\n').count(),
+                *first_line
+            );
         }
         let (objects, warnings) = parse_manifests(&text, "big.yaml");
         let mut one = Loaded::new("big.yaml");
@@ -930,7 +942,11 @@ mod tests {
         assert_eq!(objects.endpoint_slices, want_objects.endpoint_slices);
         assert!(!objects.services.is_empty());
         assert_eq!(warnings, want_warnings);
-        assert!(warnings.iter().any(|w| w.contains("more warnings not shown")));
+        assert!(
+            warnings
+                .iter()
+                .any(|w| w.contains("more warnings not shown"))
+        );
 
         // A syntax error anywhere: the whole text again, one parser, lines right.
         let mut valid = String::new();
@@ -944,9 +960,14 @@ mod tests {
         let (_, warnings) = parse_manifests(&broken, "big.yaml");
         let line = broken.matches('\n').count();
         assert!(
-            warnings.iter().any(|w| w.contains("invalid YAML") && w.contains(&format!("line {line}"))),
+            warnings
+                .iter()
+                .any(|w| w.contains("invalid YAML") && w.contains(&format!("line {line}"))),
             "{:?}",
-            warnings.iter().filter(|w| w.contains("invalid")).collect::<Vec<_>>()
+            warnings
+                .iter()
+                .filter(|w| w.contains("invalid"))
+                .collect::<Vec<_>>()
         );
     }
 

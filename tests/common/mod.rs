@@ -1182,6 +1182,28 @@ impl Proxy {
         self.child = Some(c.spawn().expect("spawn kube-nlproxy run"));
     }
 
+    /// Spawns `run` like [`Proxy::start`], with `wrapper` (e.g. `setpriv ...` or
+    /// `strace ...`) between `ip netns exec NS` and the binary.
+    pub fn start_wrapped(&mut self, wrapper: &[&str]) {
+        assert!(self.child.is_none(), "already running");
+        let log = fs::File::create(&self.log).unwrap();
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.ns])
+            .args(wrapper)
+            .arg(&self.bin)
+            .arg("run")
+            .args(self.base_args())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log));
+        self.child = Some(c.spawn().expect("spawn kube-nlproxy run"));
+    }
+
+    /// The pid of the running process (`ip netns exec` and an exec'ing wrapper
+    /// keep it).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
     /// Kills the running process (SIGTERM, then SIGKILL after 3 s).
     pub fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {

@@ -343,6 +343,7 @@ spec: {clusterIP: 10.96.0.11, ports: [{port: 80}]}
         &crate::model::BuildOptions {
             node_name: "node-a".into(),
             node_ips_override: vec![],
+            ignore_external_ips: false,
         },
     );
     assert_eq!(warnings.len(), 1, "{warnings:?}");

@@ -9,6 +9,7 @@ fn opts() -> BuildOptions {
     BuildOptions {
         node_name: "node-a".into(),
         node_ips_override: vec![],
+        ignore_external_ips: false,
     }
 }
 
@@ -346,11 +347,13 @@ spec: {cidrs: [10.96.0.0/12, "fd00:10::/108"]}
     let o = BuildOptions {
         node_name: "node-a".into(),
         node_ips_override: vec![ip("10.0.0.5")],
+        ignore_external_ips: false,
     };
     assert_eq!(build(&objects, &o).0.node.ips, [ip("10.0.0.5")]);
     let o = BuildOptions {
         node_name: "missing".into(),
         node_ips_override: vec![ip("10.0.0.6")],
+        ignore_external_ips: false,
     };
     let node = build(&objects, &o).0.node;
     assert_eq!(
@@ -570,4 +573,46 @@ fn slice_addresses_of_the_wrong_family_or_invalid_are_dropped() {
         .map(|e| e.ip.to_string())
         .collect();
     assert_eq!(ips, ["10.1.0.1", "10.1.0.4", "fd01::1"]);
+}
+
+#[test]
+fn ignore_external_ips_builds_services_without_them() {
+    let y = svc(
+        "ext",
+        "",
+        r#"  clusterIP: 10.0.0.9
+  externalIPs: [1.2.3.4, bogus]
+  externalTrafficPolicy: Local
+  ports: [{port: 80}]
+"#,
+    );
+    let (objects, _) = parse_manifests(&y, "t");
+    let key = (spn("ext", "", Protocol::Tcp), IpFamily::V4);
+
+    let (served, w) = build(&objects, &opts());
+    assert_eq!(served.services[&key].external_ips, [ip("1.2.3.4")]);
+    // An externalIP makes a ClusterIP service externally reachable: eTP applies.
+    assert_eq!(served.services[&key].external_policy, TrafficPolicy::Local);
+    assert_eq!(w.len(), 1, "{w:?}");
+
+    let ignoring = BuildOptions {
+        ignore_external_ips: true,
+        ..opts()
+    };
+    let (state, w) = build(&objects, &ignoring);
+    let sp = &state.services[&key];
+    assert!(sp.external_ips.is_empty());
+    // As if the field were absent: eTP is meaningless, nothing to warn about.
+    assert_eq!(sp.external_policy, TrafficPolicy::Cluster);
+    assert!(w.is_empty(), "{w:?}");
+    // The rest of the service is unchanged.
+    assert_eq!(sp.cluster_ip, Some(ip("10.0.0.9")));
+    assert_eq!(
+        ServicePort {
+            external_ips: vec![],
+            external_policy: TrafficPolicy::Cluster,
+            ..served.services[&key].clone()
+        },
+        *sp
+    );
 }
