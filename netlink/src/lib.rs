@@ -3,6 +3,8 @@
 
 pub mod addr;
 pub mod conntrack;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod ipset;
 pub mod ipvs;
 pub mod link;

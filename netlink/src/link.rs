@@ -93,7 +93,8 @@ fn link_by_name(name: &str) -> LinkMessage {
     m
 }
 
-fn link_kind(m: &LinkMessage) -> Option<InfoKind> {
+/// The `IFLA_INFO_KIND` of a `RTM_NEWLINK` reply.
+pub(crate) fn link_kind(m: &LinkMessage) -> Option<InfoKind> {
     m.attributes.iter().find_map(|a| match a {
         LinkAttribute::LinkInfo(infos) => infos.iter().find_map(|i| match i {
             LinkInfo::Kind(k) => Some(k.clone()),
@@ -115,6 +116,21 @@ fn address_message(ifindex: u32, addr: IpAddr, prefix_len: u8) -> AddressMessage
     m.attributes.push(AddressAttribute::Local(addr));
     m.attributes.push(AddressAttribute::Address(addr));
     m
+}
+
+/// The address of a `RTM_NEWADDR` reply (`IFA_LOCAL`, else `IFA_ADDRESS`) and its
+/// prefix length.
+pub(crate) fn address_of(a: &AddressMessage) -> Option<(IpAddr, u8)> {
+    let mut local = None;
+    let mut address = None;
+    for attr in &a.attributes {
+        match attr {
+            AddressAttribute::Local(ip) => local = Some(*ip),
+            AddressAttribute::Address(ip) => address = Some(*ip),
+            _ => {}
+        }
+    }
+    local.or(address).map(|ip| (ip, a.header.prefix_len))
 }
 
 impl LinkHandle {
@@ -275,18 +291,7 @@ impl LinkHandle {
             if a.header.index != ifindex {
                 continue;
             }
-            let mut local = None;
-            let mut address = None;
-            for attr in &a.attributes {
-                match attr {
-                    AddressAttribute::Local(ip) => local = Some(*ip),
-                    AddressAttribute::Address(ip) => address = Some(*ip),
-                    _ => {}
-                }
-            }
-            if let Some(ip) = local.or(address) {
-                out.push((ip, a.header.prefix_len));
-            }
+            out.extend(address_of(&a));
         }
         Ok(out)
     }

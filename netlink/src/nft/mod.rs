@@ -2,7 +2,7 @@
 
 mod attrs;
 pub mod codec;
-mod socket;
+pub(crate) mod socket;
 mod types;
 
 pub use codec::{rule_comment, rule_fingerprint};

@@ -1,0 +1,7 @@
+//! Fuzz target: `NFT_MSG_NEWSET` payloads (set parse, set round trip).
+#![no_main]
+
+use kube_nlproxy_netlink::fuzzing;
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| fuzzing::run("nft_set", data));

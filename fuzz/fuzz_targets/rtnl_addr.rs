@@ -1,0 +1,7 @@
+//! Fuzz target: `RTM_NEWADDR` payloads.
+#![no_main]
+
+use kube_nlproxy_netlink::fuzzing;
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| fuzzing::run("rtnl_addr", data));
