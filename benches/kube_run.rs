@@ -8,7 +8,6 @@
 //!   cargo bench --bench kube_run -- [N]... [--changes K]
 
 #[path = "../tests/common/mod.rs"]
-#[allow(dead_code)]
 mod common;
 
 use std::time::{Duration, Instant};
@@ -157,7 +156,12 @@ fn main() {
     while let Some(a) = args.next() {
         match a.as_str() {
             "--bench" => {}
-            "--changes" => changes = args.next().and_then(|v| v.parse().ok()).expect("--changes K"),
+            "--changes" => {
+                changes = args
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .expect("--changes K")
+            }
             v => scales.push(v.parse::<usize>().expect("N")),
         }
     }
