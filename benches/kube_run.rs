@@ -134,12 +134,14 @@ fn run(n: usize, changes: usize) {
     }
     let cpu_per_change = (cpu_seconds(pid) - cpu_before) / changes as f64;
     let rss_peak = status_kb(pid, "VmHWM:");
+    let rss_now = status_kb(pid, "VmRSS:");
     latencies.sort();
     println!(
-        "| {n} × 2 | {:.2} s | {} MiB | {} MiB | {:.2} ms | {} | {} | {} |",
+        "| {n} × 2 | {:.2} s | {} MiB | {} MiB | {} MiB | {:.2} ms | {} | {} | {} |",
         initial.as_secs_f64(),
         rss_initial / 1024,
         rss_peak / 1024,
+        rss_now / 1024,
         cpu_per_change * 1e3,
         ms(percentile(&latencies, 0.5)),
         ms(percentile(&latencies, 0.9)),
@@ -169,9 +171,9 @@ fn main() {
         scales = vec![100, 1_000];
     }
     println!(
-        "| services | initial programming (start → first commit) | peak RSS after it | peak RSS after {changes} changes | CPU per change | API write → commit p50 | p90 | max |"
+        "| services | initial programming (start → first commit) | peak RSS after it | peak RSS after {changes} changes | RSS then | CPU per change | API write → commit p50 | p90 | max |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for n in scales {
         run(n, changes);
     }
