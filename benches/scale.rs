@@ -80,6 +80,8 @@ struct Args {
     connects: usize,
     nft_timeout: Duration,
     write_docs: bool,
+    /// `--ours-only`: skip the exec baselines (a quick look at our own figures).
+    ours_only: bool,
     json_out: Option<String>,
     json_in: Option<String>,
     child: Option<(usize, usize)>,
@@ -109,6 +111,7 @@ fn parse_args() -> Args {
         connects: 300,
         nft_timeout: Duration::from_secs(300),
         write_docs: false,
+        ours_only: false,
         json_out: None,
         json_in: None,
         child: None,
@@ -142,6 +145,7 @@ fn parse_args() -> Args {
                 shown.push(a.clone());
             }
             "--json" => args.json_out = Some(value("--json")),
+            "--ours-only" => args.ours_only = true,
             "--from-json" => args.json_in = Some(value("--from-json")),
             // Passed by `cargo bench`.
             "--bench" => {}
@@ -1234,6 +1238,11 @@ fn run_one(n: usize, e: usize, args: &Args) -> Row {
         r
     });
 
+    if args.ours_only {
+        r.notes
+            .push("--ours-only: the exec baselines were not run".into());
+        return r;
+    }
     if find_in_path("iptables-legacy-restore") {
         r = in_private_netns(move || {
             measure_iptables(n, e, reps, timeout, &mut r);
@@ -1768,6 +1777,7 @@ fn measure_all(args: &Args) -> (Saved, Duration, Vec<String>) {
                 "--nft-timeout".into(),
                 args.nft_timeout.as_secs().to_string(),
             ])
+            .args(args.ours_only.then_some("--ours-only"))
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
