@@ -4,8 +4,7 @@
 //! the only exec in each trace is the launch of the binary itself.
 mod common;
 use common::*;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
@@ -105,28 +104,6 @@ fn manifests(t: &Topo, backend: &str) -> String {
             &t.eps(&[backend], false),
         ),
     ])
-}
-
-fn http_get(ns: &str, addr: SocketAddr, path: &str) -> Result<(u16, String), String> {
-    let path = path.to_string();
-    in_ns(ns, move || {
-        let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))
-            .map_err(|e| format!("connect {addr}: {e}"))?;
-        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
-        write!(
-            s,
-            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-        )
-        .map_err(|e| e.to_string())?;
-        let mut out = String::new();
-        s.read_to_string(&mut out).map_err(|e| e.to_string())?;
-        let code = out
-            .split_whitespace()
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .ok_or_else(|| format!("bad response {out:?}"))?;
-        Ok((code, out.split("\r\n\r\n").nth(1).unwrap_or("").to_string()))
-    })
 }
 
 fn answered_by(p: &Proxy, client: &str, want: &str) {

@@ -19,8 +19,7 @@
 //! others on a small machine.
 mod common;
 
-use std::io::{Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -368,23 +367,10 @@ impl Drop for Prober {
 
 /// A plain HTTP/1.1 GET from inside `ns`: the body of a 200 answer.
 fn http_get(ns: &str, addr: SocketAddr, path: &str) -> Result<String, String> {
-    let path = path.to_string();
-    in_ns(ns, move || {
-        let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))
-            .map_err(|e| format!("connect {addr}: {e}"))?;
-        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
-        write!(
-            s,
-            "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-        )
-        .map_err(|e| e.to_string())?;
-        let mut out = String::new();
-        s.read_to_string(&mut out).map_err(|e| e.to_string())?;
-        if !out.starts_with("HTTP/1.1 200") {
-            return Err(format!("bad response {out:?}"));
-        }
-        Ok(out.split("\r\n\r\n").nth(1).unwrap_or("").to_string())
-    })
+    match common::http_get(ns, addr, path)? {
+        (200, body) => Ok(body),
+        (code, body) => Err(format!("HTTP {code}: {body}")),
+    }
 }
 
 /// The IPv4 series of a histogram from a Prometheus text exposition:

@@ -5,8 +5,7 @@
 //! with only the DaemonSet's capabilities (`setpriv`), it does the same.
 mod common;
 use common::*;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::time::Duration;
 
 const BIN: &str = env!("CARGO_BIN_EXE_kube-nlproxy");
@@ -82,23 +81,7 @@ fn manifests(t: &Topo, backend: &str) -> String {
 }
 
 fn http_status(ns: &str, addr: SocketAddr, path: &str) -> Result<u16, String> {
-    let path = path.to_string();
-    in_ns(ns, move || {
-        let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))
-            .map_err(|e| format!("connect {addr}: {e}"))?;
-        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
-        write!(
-            s,
-            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-        )
-        .map_err(|e| e.to_string())?;
-        let mut out = String::new();
-        s.read_to_string(&mut out).map_err(|e| e.to_string())?;
-        out.split_whitespace()
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .ok_or_else(|| format!("bad response {out:?}"))
-    })
+    http_get(ns, addr, path).map(|(code, _)| code)
 }
 
 /// Waits until a TCP connection to the VIP from `client` is answered by `want`.

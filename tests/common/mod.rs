@@ -1587,3 +1587,27 @@ impl Checks {
         );
     }
 }
+
+/// A plain HTTP/1.1 GET from inside `ns`: (status code, body).
+pub fn http_get(ns: &str, addr: SocketAddr, path: &str) -> Result<(u16, String), String> {
+    let path = path.to_string();
+    in_ns(ns, move || {
+        let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))
+            .map_err(|e| format!("connect {addr}: {e}"))?;
+        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        )
+        .map_err(|e| e.to_string())?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).map_err(|e| e.to_string())?;
+        let code = out
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .ok_or_else(|| format!("bad response {out:?}"))?;
+        let body = out.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+        Ok((code, body))
+    })
+}
