@@ -20,6 +20,9 @@ use crate::serve::{
 use crate::source::{ObjectChanges, ObjectSource, Objects};
 use crate::sync::runner::{BoundedFrequencyRunner, RunReason};
 
+/// How often the kernel is checked for changes to our objects.
+pub const DRIFT_CHECK: Duration = Duration::from_secs(1);
+
 /// The daemon stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
@@ -385,6 +388,11 @@ pub async fn run<M: Mode, H: Host>(
         cfg.sync_period,
         cfg.min_sync_period.max(Duration::from_secs(1)),
     );
+    // Something else may change our objects: a cheap check every second (one
+    // request while the ruleset generation stands still), a full sync when it
+    // finds drift.
+    let mut drift_check = tokio::time::interval(DRIFT_CHECK);
+    drift_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let now = tokio::time::Instant::now();
         let recheck = daemon.driver.mode().recheck_after();
@@ -408,6 +416,14 @@ pub async fn run<M: Mode, H: Host>(
                 runner.request();
             }
             _ = tokio::time::sleep_until(runner.next_deadline(now)) => {}
+            _ = drift_check.tick() => match daemon.driver.check_drift() {
+                Ok(false) => {}
+                Ok(true) => {
+                    tracing::warn!("our kernel objects were changed by someone else; repairing");
+                    runner.request();
+                }
+                Err(e) => tracing::debug!("drift check: {}", crate::ErrorChain(&e)),
+            },
             _ = tokio::time::sleep(recheck.unwrap_or(Duration::MAX)), if recheck.is_some() => {
                 runner.request();
             }

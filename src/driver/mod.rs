@@ -105,6 +105,12 @@ pub trait Mode {
     /// Deletes every kernel object the mode owns; returns how many operations.
     /// `addresses`: the node's (objects of the mode may sit on any of them).
     fn cleanup(&mut self, addresses: &[InterfaceAddress]) -> Result<usize, ModeError>;
+    /// Whether something else changed the mode's kernel objects since the
+    /// last sync, by a cheap check (a full sync follows when it did; what the
+    /// check cannot see, the periodic read-back repairs).
+    fn check_drift(&mut self) -> Result<bool, ModeError> {
+        Ok(false)
+    }
     /// Makes the next sync read the kernel back.
     fn request_full_sync(&mut self);
     /// Netlink messages sent so far.
@@ -265,6 +271,11 @@ impl<M: Mode, H: Host> Driver<M, H> {
     /// Reads the kernel back: where it differs from the desired state.
     pub fn verify(&mut self) -> Result<Vec<String>, DriverError> {
         self.mode.verify().map_err(|e| self.mode_error(e))
+    }
+
+    /// Whether the kernel changed behind our back (see [`Mode::check_drift`]).
+    pub fn check_drift(&mut self) -> Result<bool, DriverError> {
+        self.mode.check_drift().map_err(|e| self.mode_error(e))
     }
 
     /// Deletes what the mode owns.

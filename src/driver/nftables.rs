@@ -99,6 +99,10 @@ impl<D: Dataplane> Mode for NftablesMode<D> {
         Ok(self.syncer.cleanup()?)
     }
 
+    fn check_drift(&mut self) -> Result<bool, ModeError> {
+        Ok(self.syncer.drifted(&self.renderer.skeletons())?)
+    }
+
     fn request_full_sync(&mut self) {
         self.deltas.clear();
         self.syncer.request_full_sync();

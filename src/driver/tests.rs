@@ -288,3 +288,41 @@ fn node_addresses_are_listed_only_when_a_flag_needs_them() {
         NodePortAddresses::Ips(vec!["192.168.7.1".parse().unwrap()])
     );
 }
+
+#[test]
+fn drift_in_our_table_is_found_cheaply_and_a_foreign_commit_is_not_drift() {
+    use crate::sync::Dataplane;
+    use kube_nlproxy_netlink::nft::{Family, Op};
+    let mut driver = nft_driver();
+    driver.sync_once(cluster(100, "TCP")).unwrap();
+    assert!(!driver.check_drift().unwrap());
+    // Another program's table: the generation moves, our skeleton does not.
+    let foreign = [Op::AddTable {
+        family: Family::Ipv4,
+        name: "foreign".into(),
+    }];
+    driver.mode_mut().dataplane_mut().apply(&foreign).unwrap();
+    let messages = driver.mode().messages_sent();
+    assert!(!driver.check_drift().unwrap());
+    let skeleton_dumps = driver.mode().messages_sent() - messages;
+    assert!(skeleton_dumps <= 3, "{skeleton_dumps} requests");
+    // Nothing moved since: one request.
+    let messages = driver.mode().messages_sent();
+    assert!(!driver.check_drift().unwrap());
+    assert_eq!(driver.mode().messages_sent() - messages, 1);
+
+    // Someone deletes our table: found, and the next sync rebuilds it.
+    let ours = [Op::DeleteTable {
+        family: Family::Ipv4,
+        name: crate::mode::nftables::TABLE.into(),
+    }];
+    driver.mode_mut().dataplane_mut().apply(&ours).unwrap();
+    assert!(driver.check_drift().unwrap());
+    let synced = driver.sync_once(ObjectChanges::default()).unwrap();
+    assert!(synced.report.full);
+    assert_eq!(driver.verify().unwrap(), Vec::<String>::new());
+    assert!(!driver.check_drift().unwrap());
+    // The foreign table is still there.
+    let mut kernel = driver.mode().dataplane().clone();
+    assert!(kernel.dump(Family::Ipv4, "foreign").unwrap().is_some());
+}

@@ -597,6 +597,12 @@ impl NftablesRenderer {
         self.families.iter().map(FamilyRenderer::table).collect()
     }
 
+    /// Each table's chains, rules and sets (with only node-level elements):
+    /// constant size, what a drift check compares with the kernel.
+    pub fn skeletons(&self) -> Vec<TableSpec> {
+        self.families.iter().map(|f| f.skeleton.clone()).collect()
+    }
+
     /// Every entry point with ClientIP affinity and its endpoints, per family (v4
     /// first): what a full sync checks the clients' affinity entries against.
     pub fn affinity_entries(&self) -> Vec<(Family, Vec<AffinityEntry>)> {

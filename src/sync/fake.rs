@@ -36,6 +36,9 @@ pub struct FakeKernel {
     pub messages: u64,
     /// Failures to give instead of doing the next requests, in order.
     pub faults: std::collections::VecDeque<Fault>,
+    /// The ruleset generation: moves with every commit, and with
+    /// [`FakeKernel::tamper`].
+    pub generation: u32,
 }
 
 /// A failure [`FakeKernel`] gives the next time it is asked for `at`.
@@ -57,6 +60,13 @@ pub enum FaultPoint {
 }
 
 impl FakeKernel {
+    /// Something else's commit: `change` runs on the tables, and the
+    /// generation moves (as any commit in the namespace moves it).
+    pub fn tamper(&mut self, change: impl FnOnce(&mut FakeKernel)) {
+        change(self);
+        self.generation += 1;
+    }
+
     /// Makes the next `count` requests of kind `at` fail with `errno`.
     pub fn fail_next(&mut self, at: FaultPoint, errno: i32, count: usize) {
         self.faults
@@ -380,10 +390,28 @@ impl Dataplane for FakeKernel {
             }
         }
         self.commits += 1;
+        self.generation += 1;
         Ok(())
     }
 
     fn messages_sent(&self) -> u64 {
         self.messages
+    }
+
+    fn generation(&mut self) -> Result<u32, SyncError> {
+        self.messages += 1;
+        Ok(self.generation)
+    }
+
+    fn dump_skeleton(
+        &mut self,
+        family: Family,
+        table: &str,
+    ) -> Result<Option<TableSnapshot>, SyncError> {
+        let mut t = self.dump(family, table)?;
+        for s in t.iter_mut().flat_map(|t| t.sets.values_mut()) {
+            s.elements.clear();
+        }
+        Ok(t)
     }
 }

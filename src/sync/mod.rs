@@ -54,6 +54,16 @@ pub trait Dataplane {
     ) -> Result<Option<Vec<Element>>, SyncError>;
     /// Netlink messages sent so far (a fake counts its requests).
     fn messages_sent(&self) -> u64;
+    /// The ruleset generation: it moves with every commit in the namespace,
+    /// ours or anyone's (one tiny request).
+    fn generation(&mut self) -> Result<u32, SyncError>;
+    /// One of our tables without its sets' elements (`None`: it does not
+    /// exist): a constant number of requests.
+    fn dump_skeleton(
+        &mut self,
+        family: Family,
+        table: &str,
+    ) -> Result<Option<TableSnapshot>, SyncError>;
 }
 
 /// The kernel, over one NETLINK_NETFILTER socket.
@@ -101,6 +111,29 @@ impl Dataplane for NetlinkDataplane {
 
     fn messages_sent(&self) -> u64 {
         self.socket.messages_sent()
+    }
+
+    fn generation(&mut self) -> Result<u32, SyncError> {
+        self.socket
+            .generation()
+            .map_err(|source| SyncError::DumpFailed {
+                family: "any",
+                source,
+            })
+    }
+
+    fn dump_skeleton(
+        &mut self,
+        family: Family,
+        table: &str,
+    ) -> Result<Option<TableSnapshot>, SyncError> {
+        self.socket
+            .dump_table_skeleton(family, table)
+            .map(|t| t.map(TableSnapshot::from_kernel))
+            .map_err(|source| SyncError::DumpFailed {
+                family: family.nft_name(),
+                source,
+            })
     }
 }
 
@@ -224,6 +257,8 @@ pub struct Syncer<D> {
     dataplane: D,
     committed: BTreeMap<Family, Committed>,
     need_full: bool,
+    /// The ruleset generation right after our last sync.
+    generation: Option<u32>,
 }
 
 impl<D: Dataplane> Syncer<D> {
@@ -233,6 +268,7 @@ impl<D: Dataplane> Syncer<D> {
             dataplane,
             committed: BTreeMap::new(),
             need_full: true,
+            generation: None,
         }
     }
 
@@ -338,6 +374,7 @@ impl<D: Dataplane> Syncer<D> {
             ops.extend(batch);
         }
         self.need_full = false;
+        self.generation = self.dataplane.generation().ok();
         let mut counts = op_counts(&ops);
         for delta in deltas.iter().filter(|d| !d.affinity_cleanup.is_empty()) {
             let Some(family) = delta.family else { continue };
@@ -427,6 +464,44 @@ impl<D: Dataplane> Syncer<D> {
         last
     }
 
+    /// Whether something else changed our tables' chains, rules or sets since
+    /// our last sync (`skeletons`: the desired tables without elements). Costs
+    /// one request while the ruleset generation has not moved; when it moved
+    /// (anyone's commit moves it), a dump of our skeletons, a constant
+    /// handful of requests. Drift found makes the next sync a full one; drift
+    /// in elements alone is left to the periodic read-back.
+    pub fn drifted(&mut self, skeletons: &[TableSpec]) -> Result<bool, SyncError> {
+        let Some(ours) = self.generation else {
+            return Ok(false);
+        };
+        let now = self.dataplane.generation()?;
+        if now == ours {
+            return Ok(false);
+        }
+        for t in skeletons {
+            let want = TableSnapshot::from_spec(t);
+            let same = match self.dataplane.dump_skeleton(t.family, TABLE)? {
+                None => false,
+                Some(cur) => {
+                    cur.chains == want.chains
+                        && cur.sets.len() == want.sets.len()
+                        && cur
+                            .sets
+                            .iter()
+                            .all(|(name, s)| want.sets.get(name).is_some_and(|w| w.set == s.set))
+                }
+            };
+            if !same {
+                self.need_full = true;
+                self.generation = None;
+                return Ok(true);
+            }
+        }
+        // Someone else's commit: nothing of ours moved.
+        self.generation = Some(now);
+        Ok(false)
+    }
+
     /// Reads the kernel back and says which tables differ from `desired`.
     pub fn verify(&mut self, desired: &[TableSpec]) -> Result<Vec<String>, SyncError> {
         let mut differing = Vec::new();
@@ -514,5 +589,17 @@ impl<D: Dataplane + ?Sized> Dataplane for &mut D {
 
     fn messages_sent(&self) -> u64 {
         (**self).messages_sent()
+    }
+
+    fn generation(&mut self) -> Result<u32, SyncError> {
+        (**self).generation()
+    }
+
+    fn dump_skeleton(
+        &mut self,
+        family: Family,
+        table: &str,
+    ) -> Result<Option<TableSnapshot>, SyncError> {
+        (**self).dump_skeleton(family, table)
     }
 }

@@ -933,6 +933,26 @@ impl NftSocket {
         family: Family,
         table: &str,
     ) -> Result<Option<TableState>, NftError> {
+        self.dump_table_with(family, table, true)
+    }
+
+    /// [`dump_table`](Self::dump_table) without the sets' elements: chains,
+    /// rules and set definitions only, a handful of requests whatever the
+    /// number of elements (a cheap check that our skeleton is intact).
+    pub fn dump_table_skeleton(
+        &mut self,
+        family: Family,
+        table: &str,
+    ) -> Result<Option<TableState>, NftError> {
+        self.dump_table_with(family, table, false)
+    }
+
+    fn dump_table_with(
+        &mut self,
+        family: Family,
+        table: &str,
+        with_elements: bool,
+    ) -> Result<Option<TableState>, NftError> {
         match self.request("table", family, &get_table(table)) {
             Ok(msgs) => {
                 let found = msgs.iter().any(|m| match m {
@@ -973,7 +993,7 @@ impl NftSocket {
             }
         }
 
-        for s in &state.sets {
+        for s in state.sets.iter().filter(|_| with_elements) {
             let msgs = self.request(
                 &format!("elements of {}", s.name),
                 family,
