@@ -1221,6 +1221,14 @@ impl Proxy {
         }
     }
 
+    /// Kills the running process with SIGKILL: no chance to clean up.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
     /// True while the spawned process is alive.
     pub fn running(&mut self) -> bool {
         match self.child.as_mut() {
