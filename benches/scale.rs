@@ -537,6 +537,29 @@ impl Dataplane for MeteredDataplane {
     fn messages_sent(&self) -> u64 {
         self.sock.messages_sent()
     }
+
+    fn generation(&mut self) -> Result<u32, SyncError> {
+        self.sock
+            .generation()
+            .map_err(|source| SyncError::DumpFailed {
+                family: "any",
+                source,
+            })
+    }
+
+    fn dump_skeleton(
+        &mut self,
+        family: Family,
+        table: &str,
+    ) -> Result<Option<TableSnapshot>, SyncError> {
+        self.sock
+            .dump_table_skeleton(family, table)
+            .map(|t| t.map(TableSnapshot::from_kernel))
+            .map_err(|source| SyncError::DumpFailed {
+                family: family.nft_name(),
+                source,
+            })
+    }
 }
 
 /// A one-set table of "another program", and the kernel time of adding one
