@@ -374,7 +374,11 @@ impl<D: Dataplane> Syncer<D> {
             ops.extend(batch);
         }
         self.need_full = false;
-        self.generation = self.dataplane.generation().ok();
+        // The generation our state is at (a sync that sent nothing leaves it
+        // where it was: one request less, and a drift check would look).
+        if full || !ops.is_empty() {
+            self.generation = self.dataplane.generation().ok();
+        }
         let mut counts = op_counts(&ops);
         for delta in deltas.iter().filter(|d| !d.affinity_cleanup.is_empty()) {
             let Some(family) = delta.family else { continue };
