@@ -53,7 +53,12 @@ fn bad_objects_through_the_kube_source_are_warnings_and_the_rest_is_served() {
     // Good: one Service whose slice's name is at the 253-character limit.
     api.create(service("good", "10.96.5.1", http.clone()));
     let long = format!("good-{}", "x".repeat(248));
-    api.create(slice(&long, Some("good"), http_ep.clone(), &[web.clone()]));
+    api.create(slice(
+        &long,
+        Some("good"),
+        http_ep.clone(),
+        std::slice::from_ref(&web),
+    ));
     // Half bad: its NodePort is out of range; the ClusterIP still serves.
     api.create(json!({
         "apiVersion": "v1", "kind": "Service",
@@ -62,7 +67,12 @@ fn bad_objects_through_the_kube_source_are_warnings_and_the_rest_is_served() {
                  "ports": [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080,
                             "nodePort": 99999}]}
     }));
-    api.create(slice("np-1", Some("np"), http_ep.clone(), &[web.clone()]));
+    api.create(slice(
+        "np-1",
+        Some("np"),
+        http_ep.clone(),
+        std::slice::from_ref(&web),
+    ));
     // Bad fields, each one warning.
     api.create(service(
         "zero",
@@ -76,7 +86,19 @@ fn bad_objects_through_the_kube_source_are_warnings_and_the_rest_is_served() {
                {"name": "a", "port": 81, "protocol": "TCP"}]),
     ));
     api.create(service("badip", "10.96.5.300", http.clone()));
-    api.create(slice("orphan-1", None, http_ep.clone(), &[web.clone()]));
+    // Of the wrong type: a real API server refuses it, kube decodes a list as a
+    // whole; it must not stop the other Services.
+    api.create(service(
+        "typo",
+        "10.96.5.5",
+        json!([{"name": "http", "port": "eighty"}]),
+    ));
+    api.create(slice(
+        "orphan-1",
+        None,
+        http_ep.clone(),
+        std::slice::from_ref(&web),
+    ));
     api.create(slice(
         "good-badaddr",
         Some("good"),
@@ -88,7 +110,7 @@ fn bad_objects_through_the_kube_source_are_warnings_and_the_rest_is_served() {
         "good-other",
         Some("good"),
         json!({"name": "nope", "port": 9999, "protocol": "TCP"}),
-        &[web.clone()],
+        std::slice::from_ref(&web),
     ));
     let kubeconfig = std::env::temp_dir().join(format!("{}.kubeconfig", unique("knp-bad")));
     api.write_kubeconfig(&kubeconfig);
@@ -114,6 +136,7 @@ fn bad_objects_through_the_kube_source_are_warnings_and_the_rest_is_served() {
             ("Service bad/zero", "spec.ports[0].port"),
             ("Service bad/dup", "spec.ports[1].name"),
             ("Service bad/badip", "spec.clusterIP"),
+            ("Service bad/typo", "spec.ports[0].port"),
             (
                 "EndpointSlice bad/orphan-1",
                 "metadata.labels[kubernetes.io/service-name]",
@@ -130,13 +153,27 @@ fn bad_objects_through_the_kube_source_are_warnings_and_the_rest_is_served() {
             assert_eq!(hits, 1, "{object} {field}: {hits} warnings in\n{log}");
         }
     });
+    c.run("a good version of the malformed one is served", || {
+        api.update(service("typo", "10.96.5.5", http.clone()));
+        api.create(slice(
+            "typo-1",
+            Some("typo"),
+            http_ep.clone(),
+            std::slice::from_ref(&web),
+        ));
+        assert!(
+            eventually(Duration::from_secs(10), || served("10.96.5.5")),
+            "log:\n{}",
+            p.log()
+        );
+    });
     c.run("a later good change still syncs, the daemon runs", || {
         api.create(service("late", "10.96.5.9", http.clone()));
         api.create(slice(
             "late-1",
             Some("late"),
             http_ep.clone(),
-            &[web.clone()],
+            std::slice::from_ref(&web),
         ));
         assert!(
             eventually(Duration::from_secs(10), || served("10.96.5.9")),

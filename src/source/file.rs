@@ -98,7 +98,7 @@ fn yaml_options() -> serde_saphyr::Options {
 /// One parsed YAML node. Mappings keep the order and the keys of the text, so a
 /// document can be inspected (kind, name) before it is converted to its API type.
 #[derive(Debug, Clone, PartialEq)]
-enum Node {
+pub(super) enum Node {
     Null,
     Bool(bool),
     Int(i64),
@@ -111,7 +111,7 @@ enum Node {
 
 impl Node {
     /// The value of `key` in a mapping.
-    fn get(&self, key: &str) -> Option<&Node> {
+    pub(super) fn get(&self, key: &str) -> Option<&Node> {
         match self {
             Node::Map(entries) => entries.iter().find(|(k, _)| k == key).map(|(_, v)| v),
             _ => None,
@@ -501,7 +501,7 @@ fn describe(value: &Node) -> String {
 }
 
 /// Deserialize a raw node into `T`; the error names the field path.
-fn convert<T: DeserializeOwned>(value: &Node) -> Result<T, String> {
+pub(super) fn convert<T: DeserializeOwned>(value: &Node) -> Result<T, String> {
     T::deserialize(NodeDeserializer(value)).map_err(|e| e.to_string())
 }
 

@@ -27,7 +27,10 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::de::DeserializeOwned;
+
+use super::file::{self, Node as FileNode};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -384,28 +387,22 @@ impl KubeSource {
         });
         let proxied = watcher::Config::default().labels(PROXY_LABEL_SELECTOR);
         let mut tasks = vec![
-            spawn_watcher(
-                Api::<Service>::all(client.clone()),
-                proxied.clone(),
-                shared.clone(),
-                |s| &mut s.services,
-            ),
-            spawn_watcher(
-                Api::<EndpointSlice>::all(client.clone()),
-                proxied,
-                shared.clone(),
-                |s| &mut s.endpoint_slices,
-            ),
-            spawn_watcher(
-                Api::<Node>::all(client.clone()),
+            spawn_watcher::<Service>(client.clone(), proxied.clone(), shared.clone(), |s| {
+                &mut s.services
+            }),
+            spawn_watcher::<EndpointSlice>(client.clone(), proxied, shared.clone(), |s| {
+                &mut s.endpoint_slices
+            }),
+            spawn_watcher::<Node>(
+                client.clone(),
                 watcher::Config::default().fields(&format!("metadata.name={node_name}")),
                 shared.clone(),
                 |s| &mut s.nodes,
             ),
         ];
         if service_cidrs {
-            tasks.push(spawn_watcher(
-                Api::<ServiceCIDR>::all(client),
+            tasks.push(spawn_watcher::<ServiceCIDR>(
+                client,
                 watcher::Config::default(),
                 shared.clone(),
                 |s| &mut s.service_cidrs,
@@ -489,27 +486,134 @@ async fn serves_service_cidrs(client: &::kube::Client) -> Result<bool, KubeSourc
 
 /// Spawns the watcher task of one kind; its events go to the kind `slot` selects.
 fn spawn_watcher<K>(
-    api: Api<K>,
+    client: ::kube::Client,
     config: watcher::Config,
     shared: Arc<Shared>,
     slot: fn(&mut Stores) -> &mut KindState<K>,
 ) -> JoinHandle<()>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + PartialEq,
-    K: 'static,
+    K: Default + 'static,
 {
     tokio::spawn(async move {
         let kind = K::kind(&());
+        let api = Api::<Lenient<K>>::all(client);
         let stream = watcher::watcher(api, config)
             .default_backoff()
-            .modify(strip_volatile::<K>);
+            .modify(strip_volatile::<Lenient<K>>);
         let mut stream = std::pin::pin!(stream);
         while let Some(item) = stream.next().await {
             match item {
-                Ok(event) => shared.apply(event, slot),
+                Ok(event) => {
+                    if let Some(event) = valid_event(event) {
+                        shared.apply(event, slot);
+                    }
+                }
                 Err(e) => tracing::warn!(%kind, "watch failed, retrying with backoff: {e}"),
             }
         }
+    })
+}
+
+/// An object as the API server sent it: `K` when it decodes, else its metadata
+/// and what did not decode, with the field's path. kube decodes a list as a
+/// whole, so one malformed object would otherwise stop its whole kind (no first
+/// list, no sync at all). A real API server validates types; this is for one
+/// that does not, or a proxy or conversion in between.
+#[derive(Debug, Clone)]
+enum Lenient<K> {
+    Valid(K),
+    Invalid {
+        metadata: Box<ObjectMeta>,
+        error: String,
+    },
+}
+
+impl<'de, K: DeserializeOwned> serde::Deserialize<'de> for Lenient<K> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let node = FileNode::deserialize(d)?;
+        Ok(match file::convert::<K>(&node) {
+            Ok(k) => Lenient::Valid(k),
+            Err(error) => Lenient::Invalid {
+                metadata: Box::new(
+                    node.get("metadata")
+                        .and_then(|m| file::convert::<ObjectMeta>(m).ok())
+                        .unwrap_or_default(),
+                ),
+                error,
+            },
+        })
+    }
+}
+
+impl<K: Resource<DynamicType = ()>> Resource for Lenient<K> {
+    type DynamicType = ();
+    type Scope = K::Scope;
+
+    fn kind(dt: &()) -> std::borrow::Cow<'_, str> {
+        K::kind(dt)
+    }
+
+    fn group(dt: &()) -> std::borrow::Cow<'_, str> {
+        K::group(dt)
+    }
+
+    fn version(dt: &()) -> std::borrow::Cow<'_, str> {
+        K::version(dt)
+    }
+
+    fn plural(dt: &()) -> std::borrow::Cow<'_, str> {
+        K::plural(dt)
+    }
+
+    fn meta(&self) -> &ObjectMeta {
+        match self {
+            Lenient::Valid(k) => k.meta(),
+            Lenient::Invalid { metadata, .. } => metadata,
+        }
+    }
+
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        match self {
+            Lenient::Valid(k) => k.meta_mut(),
+            Lenient::Invalid { metadata, .. } => metadata,
+        }
+    }
+}
+
+/// The event for the store: a malformed object is one warning naming it and
+/// the field, and is as if absent (a delete when it replaces a good version).
+fn valid_event<K: Resource<DynamicType = ()> + Default>(
+    event: Event<Lenient<K>>,
+) -> Option<Event<K>> {
+    let valid = |obj: Lenient<K>| -> Result<K, K> {
+        match obj {
+            Lenient::Valid(k) => Ok(k),
+            Lenient::Invalid { metadata, error } => {
+                let (ns, name) = (
+                    metadata.namespace.clone().unwrap_or_default(),
+                    metadata.name.clone().unwrap_or_default(),
+                );
+                let kind = K::kind(&());
+                match ns.is_empty() {
+                    true => tracing::warn!("skipping invalid {kind} {name}: {error}"),
+                    false => tracing::warn!("skipping invalid {kind} {ns}/{name}: {error}"),
+                }
+                let mut placeholder = K::default();
+                *placeholder.meta_mut() = *metadata;
+                Err(placeholder)
+            }
+        }
+    };
+    Some(match event {
+        Event::Init => Event::Init,
+        Event::InitDone => Event::InitDone,
+        Event::InitApply(obj) => Event::InitApply(valid(obj).ok()?),
+        Event::Apply(obj) => match valid(obj) {
+            Ok(k) => Event::Apply(k),
+            Err(gone) => Event::Delete(gone),
+        },
+        Event::Delete(obj) => Event::Delete(valid(obj).unwrap_or_else(|gone| gone)),
     })
 }
 
