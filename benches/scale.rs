@@ -49,12 +49,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use kube_nlproxy::mode::nftables::{
-    LocalDetector, NftablesOptions, NftablesRenderer, NodePortAddresses, TABLE,
+    LocalDetector, NftablesOptions, NftablesRenderer, NodePortAddresses,
 };
 use kube_nlproxy::model::{
     ClusterState, Endpoint, IpFamily, NodeInfo, Protocol, ServicePort, ServicePortName,
 };
-use kube_nlproxy::sync::{Dataplane, SyncError, Syncer, TableSnapshot};
+use kube_nlproxy::sync::{Dataplane, NetlinkDataplane, SyncError, Syncer, TableSnapshot};
 use kube_nlproxy_netlink::nft::{Element, Family, KeyType, KeyValue, NftSocket, Op, Set};
 use serde::{Deserialize, Serialize};
 
@@ -488,17 +488,16 @@ fn batch_stats(sock: &NftSocket) -> BatchStats {
     }
 }
 
-/// `sync::NetlinkDataplane` (same calls on the same socket type) plus the statistics
-/// of every batch it sent: `NetlinkDataplane` does not expose its socket.
+/// `sync::NetlinkDataplane` plus the statistics of every batch it sent.
 struct MeteredDataplane {
-    sock: NftSocket,
+    inner: NetlinkDataplane,
     batches: Vec<BatchStats>,
 }
 
 impl MeteredDataplane {
     fn new() -> Self {
         MeteredDataplane {
-            sock: NftSocket::new().expect("open nf_tables socket"),
+            inner: NetlinkDataplane::new().expect("open nf_tables socket"),
             batches: Vec::new(),
         }
     }
@@ -506,13 +505,7 @@ impl MeteredDataplane {
 
 impl Dataplane for MeteredDataplane {
     fn dump(&mut self, family: Family, table: &str) -> Result<Option<TableSnapshot>, SyncError> {
-        self.sock
-            .dump_table(family, table)
-            .map(|t| t.map(TableSnapshot::from_kernel))
-            .map_err(|source| SyncError::DumpFailed {
-                family: family.nft_name(),
-                source,
-            })
+        self.inner.dump(family, table)
     }
 
     fn dump_set_elements(
@@ -520,31 +513,21 @@ impl Dataplane for MeteredDataplane {
         family: Family,
         set: &Set,
     ) -> Result<Option<Vec<Element>>, SyncError> {
-        self.sock
-            .dump_set_elements(family, TABLE, set)
-            .map_err(|source| SyncError::DumpFailed {
-                family: family.nft_name(),
-                source,
-            })
+        self.inner.dump_set_elements(family, set)
     }
 
     fn apply(&mut self, ops: &[Op]) -> Result<(), SyncError> {
-        let r = self.sock.apply(ops).map_err(SyncError::Apply);
-        self.batches.push(batch_stats(&self.sock));
+        let r = self.inner.apply(ops);
+        self.batches.push(batch_stats(self.inner.socket()));
         r
     }
 
     fn messages_sent(&self) -> u64 {
-        self.sock.messages_sent()
+        self.inner.messages_sent()
     }
 
     fn generation(&mut self) -> Result<u32, SyncError> {
-        self.sock
-            .generation()
-            .map_err(|source| SyncError::DumpFailed {
-                family: "any",
-                source,
-            })
+        self.inner.generation()
     }
 
     fn dump_skeleton(
@@ -552,13 +535,7 @@ impl Dataplane for MeteredDataplane {
         family: Family,
         table: &str,
     ) -> Result<Option<TableSnapshot>, SyncError> {
-        self.sock
-            .dump_table_skeleton(family, table)
-            .map(|t| t.map(TableSnapshot::from_kernel))
-            .map_err(|source| SyncError::DumpFailed {
-                family: family.nft_name(),
-                source,
-            })
+        self.inner.dump_skeleton(family, table)
     }
 }
 

@@ -81,6 +81,13 @@ impl NetlinkDataplane {
     }
 }
 
+impl NetlinkDataplane {
+    /// The socket (e.g. for the statistics of its last batch).
+    pub fn socket(&self) -> &NftSocket {
+        &self.socket
+    }
+}
+
 impl Dataplane for NetlinkDataplane {
     fn dump(&mut self, family: Family, table: &str) -> Result<Option<TableSnapshot>, SyncError> {
         self.socket
