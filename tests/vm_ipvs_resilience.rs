@@ -187,6 +187,15 @@ fn ipvs_kill_9_and_restart_keeps_connections_and_resends_nothing() {
         "log:\n{}",
         p.log()
     );
+    // IPVS is programmed before the nft table of the same sync: traffic can
+    // flow before the sync is complete. Kill only a daemon whose sync is done.
+    assert!(
+        eventually(Duration::from_secs(30), || p
+            .log()
+            .contains("sync: committed")),
+        "log:\n{}",
+        p.log()
+    );
     let mut stream = tcp_stream(&client, echo, OK_TIMEOUT).expect("connect");
     read_line(&mut stream).expect("greeting");
     const SRC_PORT: u16 = 40061;
