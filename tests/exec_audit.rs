@@ -88,22 +88,7 @@ fn the_audit_catches_an_exec() {
 }
 
 fn manifests(t: &Topo, backend: &str) -> String {
-    cluster(&[
-        Svc::new(
-            "web",
-            "ClusterIP",
-            &[VIP],
-            vec![port("http", "TCP", 80, 8080)],
-        )
-        .yaml(),
-        slice(
-            "web",
-            "v4",
-            false,
-            &[("http", "TCP", 8080)],
-            &t.eps(&[backend], false),
-        ),
-    ])
+    web_service(t, VIP, backend)
 }
 
 fn answered_by(p: &Proxy, client: &str, want: &str) {

@@ -62,22 +62,7 @@ fn own_bounding() -> u64 {
 }
 
 fn manifests(t: &Topo, backend: &str) -> String {
-    cluster(&[
-        Svc::new(
-            "web",
-            "ClusterIP",
-            &[VIP],
-            vec![port("http", "TCP", 80, 8080)],
-        )
-        .yaml(),
-        slice(
-            "web",
-            "v4",
-            false,
-            &[("http", "TCP", 8080)],
-            &t.eps(&[backend], false),
-        ),
-    ])
+    web_service(t, VIP, backend)
 }
 
 fn http_status(ns: &str, addr: SocketAddr, path: &str) -> Result<u16, String> {

@@ -33,22 +33,7 @@ fn the_daemon_repairs_what_others_change_and_leaves_their_tables_alone() {
     args.extend(["--sync-period".to_string(), "3s".to_string()]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut p = Proxy::new(&t, BIN).with_args(&args);
-    p.write(&cluster(&[
-        Svc::new(
-            "web",
-            "ClusterIP",
-            &[VIP],
-            vec![port("http", "TCP", 80, 8080)],
-        )
-        .yaml(),
-        slice(
-            "web",
-            "v4",
-            false,
-            &[("http", "TCP", 8080)],
-            &t.eps(&["web"], false),
-        ),
-    ]));
+    p.write(&web_service(&t, VIP, "web"));
     p.start();
     let served = || tcp(&client, sa(ip(VIP), 80), SHORT).is_ok_and(|r| r.pod == "web");
     assert!(

@@ -1619,3 +1619,24 @@ pub fn http_get(ns: &str, addr: SocketAddr, path: &str) -> Result<(u16, String),
         Ok((code, body))
     })
 }
+
+/// Manifests of one ClusterIP Service `web` at `vip`, port 80 (`http`) to 8080
+/// on `backend`.
+pub fn web_service(t: &Topo, vip: &str, backend: &str) -> String {
+    cluster(&[
+        Svc::new(
+            "web",
+            "ClusterIP",
+            &[vip],
+            vec![port("http", "TCP", 80, 8080)],
+        )
+        .yaml(),
+        slice(
+            "web",
+            "v4",
+            false,
+            &[("http", "TCP", 8080)],
+            &t.eps(&[backend], false),
+        ),
+    ])
+}

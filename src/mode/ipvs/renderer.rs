@@ -358,6 +358,24 @@ fn source_prefix(spec: &IpsetSpec, member: &IpsetMember) -> Option<u8> {
     }
 }
 
+/// Removes `element` from `changes[key]`; whether it was there.
+fn take(
+    changes: &mut BTreeMap<(IpFamily, String), Vec<Element>>,
+    key: &(IpFamily, String),
+    element: &Element,
+) -> bool {
+    let Some(list) = changes.get_mut(key) else {
+        return false;
+    };
+    match list.iter().position(|e| e == element) {
+        Some(i) => {
+            list.remove(i);
+            true
+        }
+        None => false,
+    }
+}
+
 /// The nft mirror elements that come and go, per family and set.
 #[derive(Debug, Default)]
 struct ElementChanges {
@@ -383,25 +401,17 @@ impl ElementChanges {
         let (set, element) = Self::mirror(spec, member);
         let key = (spec.family, set);
         // Deleted and added back in one update: nothing changes.
-        if let Some(deleted) = self.delete.get_mut(&key)
-            && let Some(i) = deleted.iter().position(|e| e == &element)
-        {
-            deleted.remove(i);
-            return;
+        if !take(&mut self.delete, &key, &element) {
+            self.add.entry(key).or_default().push(element);
         }
-        self.add.entry(key).or_default().push(element);
     }
 
     fn delete(&mut self, spec: &IpsetSpec, member: &IpsetMember) {
         let (set, element) = Self::mirror(spec, member);
         let key = (spec.family, set);
-        if let Some(added) = self.add.get_mut(&key)
-            && let Some(i) = added.iter().position(|e| e == &element)
-        {
-            added.remove(i);
-            return;
+        if !take(&mut self.add, &key, &element) {
+            self.delete.entry(key).or_default().push(element);
         }
-        self.delete.entry(key).or_default().push(element);
     }
 
     fn into_deltas(self) -> Vec<TableDelta> {
