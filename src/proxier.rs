@@ -11,7 +11,9 @@ use crate::driver::ipvs::IpvsMode;
 use crate::driver::nftables::NftablesMode;
 use crate::driver::{Driver, DriverError, KernelHost, Mode};
 use crate::source::file::{self, FileSource};
-use crate::source::kube::{self as kube_source, KubeSource, KubeSourceConfig, KubeSourceError};
+use crate::source::kube::{
+    self as kube_source, KubeSource, KubeSourceConfig, KubeSourceError, Retention,
+};
 use crate::source::{ObjectChanges, ObjectSource, Objects};
 use crate::sync::ipvs::{IpvsSyncError, NetlinkIpvs, ipvs_sysctls};
 use crate::sync::{NetlinkDataplane, SyncError};
@@ -149,7 +151,13 @@ fn cleanup_ipvs_objects() -> Result<usize, ProxierError> {
 
 /// Starts the configured source: the manifests at `--source file:PATH`, or the API
 /// server (in-cluster, `--kubeconfig`, `--master`) for `--source kube`.
-async fn start_source(cfg: &Config) -> Result<Box<dyn ObjectSource>, ProxierError> {
+/// Starts the configured source. `retention` says what the kube source keeps:
+/// `run` takes its changes ([`Retention::Changes`]), `plan` and `--once` one
+/// snapshot ([`Retention::Objects`]).
+async fn start_source(
+    cfg: &Config,
+    retention: Retention,
+) -> Result<Box<dyn ObjectSource>, ProxierError> {
     match &cfg.source {
         Source::File(path) => {
             let poll =
@@ -164,7 +172,7 @@ async fn start_source(cfg: &Config) -> Result<Box<dyn ObjectSource>, ProxierErro
                 node_name: node.clone(),
             };
             let client = kube_source::client(&kcfg).await?;
-            let source = KubeSource::start(client.clone(), &node).await?;
+            let source = KubeSource::start_with(client.clone(), &node, retention).await?;
             tokio::spawn(async move { kube_source::post_starting_event(&client, &node).await });
             Ok(Box::new(source))
         }
@@ -182,7 +190,9 @@ async fn load_objects(cfg: &Config) -> Result<Objects, ProxierError> {
             }
             Ok(objects)
         }
-        Source::Kube => initial_objects(start_source(cfg).await?.as_ref()).await,
+        Source::Kube => {
+            initial_objects(start_source(cfg, Retention::Objects).await?.as_ref()).await
+        }
     }
 }
 
@@ -248,6 +258,6 @@ async fn run_with<M: Mode, H: Host>(
     driver.host_mut().apply_conntrack_settings(&cfg.conntrack);
     // oom_score_adj was written by main, with CAP_SYS_RESOURCE, before the
     // capabilities were dropped.
-    let source = start_source(cfg).await?;
+    let source = start_source(cfg, Retention::Changes).await?;
     Ok(crate::daemon::run(cfg, source.as_ref(), &mut driver).await?)
 }

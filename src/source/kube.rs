@@ -2,9 +2,11 @@
 //! and (when the API serves them) ServiceCIDRs.
 //!
 //! Each kind has one watcher task (`watcher(..).default_backoff().modify(..)`). Its
-//! events go through [`KindState::apply`], which keeps the current objects per
-//! `(namespace, name)`, buffers a (re)list between `Init` and `InitDone` and swaps it in
-//! whole, and reports whether anything actually changed. Objects are stored without
+//! events go through [`KindState::apply`], which keeps a fingerprint of each current
+//! object per `(namespace, name)` (and the object itself, or with
+//! [`Retention::Changes`] only until it is taken), buffers a (re)list between `Init`
+//! and `InitDone` and swaps it in whole, and reports whether anything actually
+//! changed. Objects are stored without
 //! `metadata.resourceVersion` and `metadata.managedFields`, so an update or a relist
 //! that only moves those is a no-op and does not wake the sync loop.
 //!
@@ -161,6 +163,59 @@ fn strip_volatile<K: Resource>(obj: &mut K) {
     meta.managed_fields = None;
 }
 
+/// What a kind's store keeps of each object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retention {
+    /// Every current object: [`KubeSource::snapshot`] returns them all (`plan`,
+    /// `--once`, tests).
+    Objects,
+    /// For Services and EndpointSlices, only a fingerprint of each current object,
+    /// and the changed objects until [`KubeSource::take_changes`] hands them over:
+    /// the consumer (the model tracker) keeps what it needs, so the source holds no
+    /// second copy of the cluster (`run`). Nodes and ServiceCIDRs are kept whole.
+    Changes,
+}
+
+/// A 128-bit hash of an object's JSON form (after [`strip_volatile`]): equal
+/// objects have equal fingerprints, and different ones collide with probability
+/// 2^-128 under per-process random keys.
+type Fingerprint = u128;
+
+/// The two keyed hashers of a kind's fingerprints.
+#[derive(Debug, Clone, Default)]
+struct Fingerprinter([std::hash::RandomState; 2]);
+
+impl Fingerprinter {
+    fn new() -> Self {
+        Fingerprinter([std::hash::RandomState::new(), std::hash::RandomState::new()])
+    }
+
+    fn of<K: serde::Serialize>(&self, obj: &K) -> Fingerprint {
+        use std::hash::{BuildHasher, Hasher};
+        struct Both<H>([H; 2]);
+        impl<H: Hasher> std::io::Write for Both<H> {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                self.0[0].write(buf);
+                self.0[1].write(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let mut both = Both([self.0[0].build_hasher(), self.0[1].build_hasher()]);
+        // Writing to a hasher cannot fail, and serializing a decoded object cannot
+        // either; should it, the fingerprint of what was written still differs
+        // from a complete one only by chance.
+        let _ = serde_json::to_writer(&mut both, obj);
+        (u128::from(both.0[0].finish()) << 64) | u128::from(both.0[1].finish())
+    }
+}
+
+/// An object of a (re)list: its fingerprint, and the object unless the store
+/// already holds an equal one it does not need again.
+type Listed<K> = (Fingerprint, Option<K>);
+
 /// Where one kind's watcher is in its list/watch cycle.
 #[derive(Debug)]
 enum Phase<K> {
@@ -168,7 +223,7 @@ enum Phase<K> {
     /// completes, nothing may be synced (the proxy would delete what it has not seen).
     Listing {
         /// Objects of the list so far.
-        buffer: BTreeMap<Key, K>,
+        buffer: BTreeMap<Key, Listed<K>>,
     },
     /// In sync with the API: watch events apply to the objects directly.
     Watching,
@@ -177,7 +232,7 @@ enum Phase<K> {
     /// the relist are deletions.
     Relisting {
         /// Objects of the relist so far.
-        buffer: BTreeMap<Key, K>,
+        buffer: BTreeMap<Key, Listed<K>>,
     },
 }
 
@@ -186,17 +241,31 @@ enum Phase<K> {
 struct KindState<K> {
     /// Whether this kind is watched at all (ServiceCIDRs may not be served).
     watched: bool,
-    /// The current objects, without volatile metadata.
+    /// Whether `objects` holds every current object, or only the changed ones not
+    /// yet taken ([`Retention::Changes`]).
+    keep_objects: bool,
+    fingerprinter: Fingerprinter,
+    /// The fingerprint of every current object.
+    fingerprints: BTreeMap<Key, Fingerprint>,
+    /// The current objects without volatile metadata: all of them, or (without
+    /// `keep_objects`) those in `dirty`.
     objects: BTreeMap<Key, K>,
     phase: Phase<K>,
     /// Keys whose object changed since the last `take_changes`.
     dirty: BTreeSet<Key>,
 }
 
-impl<K: Resource + PartialEq> KindState<K> {
+impl<K: Resource + serde::Serialize> KindState<K> {
     fn new(watched: bool) -> Self {
+        Self::with_retention(watched, true)
+    }
+
+    fn with_retention(watched: bool, keep_objects: bool) -> Self {
         KindState {
             watched,
+            keep_objects,
+            fingerprinter: Fingerprinter::new(),
+            fingerprints: BTreeMap::new(),
             objects: BTreeMap::new(),
             phase: Phase::Listing {
                 buffer: BTreeMap::new(),
@@ -206,6 +275,7 @@ impl<K: Resource + PartialEq> KindState<K> {
     }
 
     /// The changed objects since the last call (`None`: deleted), in key order.
+    /// Without `keep_objects`, they leave the store.
     fn take_dirty(&mut self) -> Vec<(Key, Option<K>)>
     where
         K: Clone,
@@ -213,7 +283,10 @@ impl<K: Resource + PartialEq> KindState<K> {
         std::mem::take(&mut self.dirty)
             .into_iter()
             .map(|k| {
-                let obj = self.objects.get(&k).cloned();
+                let obj = match self.keep_objects {
+                    true => self.objects.get(&k).cloned(),
+                    false => self.objects.remove(&k),
+                };
                 (k, obj)
             })
             .collect()
@@ -225,82 +298,110 @@ impl<K: Resource + PartialEq> KindState<K> {
     }
 
     /// Applies one watcher event; returns whether the current objects changed.
+    /// Unchanged objects (equal after [`strip_volatile`]) are no-ops.
     fn apply(&mut self, event: Event<K>) -> bool {
         let phase = std::mem::replace(&mut self.phase, Phase::Watching);
-        let (changed, next) = step(phase, &mut self.objects, event, &mut self.dirty);
+        let (changed, next) = self.step(phase, event);
         self.phase = next;
         changed
     }
-}
 
-/// Advances one kind by one event: returns whether `objects` changed, and the next
-/// phase. Unchanged objects (equal after [`strip_volatile`]) are no-ops.
-fn step<K: Resource + PartialEq>(
-    phase: Phase<K>,
-    objects: &mut BTreeMap<Key, K>,
-    event: Event<K>,
-    dirty: &mut BTreeSet<Key>,
-) -> (bool, Phase<K>) {
-    match (phase, event) {
-        // A restarted first list starts over; a restart after that is a relist.
-        (Phase::Listing { .. }, Event::Init) => (
-            false,
-            Phase::Listing {
-                buffer: BTreeMap::new(),
-            },
-        ),
-        (Phase::Watching | Phase::Relisting { .. }, Event::Init) => (
-            false,
-            Phase::Relisting {
-                buffer: BTreeMap::new(),
-            },
-        ),
-        (Phase::Listing { mut buffer }, Event::InitApply(obj)) => {
-            buffer.insert(key_of(&obj), obj);
-            (false, Phase::Listing { buffer })
-        }
-        (Phase::Relisting { mut buffer }, Event::InitApply(obj)) => {
-            buffer.insert(key_of(&obj), obj);
-            (false, Phase::Relisting { buffer })
-        }
-        (Phase::Listing { buffer } | Phase::Relisting { buffer }, Event::InitDone) => {
-            let changed = *objects != buffer;
-            if changed {
-                // What the relist changed: added, changed and missing keys.
-                for (k, o) in &buffer {
-                    if objects.get(k) != Some(o) {
-                        dirty.insert(k.clone());
-                    }
+    /// Advances by one event: whether the current objects changed, and the next
+    /// phase.
+    fn step(&mut self, phase: Phase<K>, event: Event<K>) -> (bool, Phase<K>) {
+        match (phase, event) {
+            // A restarted first list starts over; a restart after that is a relist.
+            (Phase::Listing { .. }, Event::Init) => (
+                false,
+                Phase::Listing {
+                    buffer: BTreeMap::new(),
+                },
+            ),
+            (Phase::Watching | Phase::Relisting { .. }, Event::Init) => (
+                false,
+                Phase::Relisting {
+                    buffer: BTreeMap::new(),
+                },
+            ),
+            (Phase::Listing { mut buffer }, Event::InitApply(obj)) => {
+                let (key, listed) = self.listed(obj);
+                buffer.insert(key, listed);
+                (false, Phase::Listing { buffer })
+            }
+            (Phase::Relisting { mut buffer }, Event::InitApply(obj)) => {
+                let (key, listed) = self.listed(obj);
+                buffer.insert(key, listed);
+                (false, Phase::Relisting { buffer })
+            }
+            (Phase::Listing { buffer } | Phase::Relisting { buffer }, Event::InitDone) => {
+                (self.swap_in(buffer), Phase::Watching)
+            }
+            (Phase::Watching, Event::InitDone) => (false, Phase::Watching),
+            // Watch events. The watcher sends none between Init and InitDone, but
+            // should one come, it applies to the current objects and the phase stays.
+            (phase, Event::Apply(obj) | Event::InitApply(obj)) => {
+                let key = key_of(&obj);
+                let fingerprint = self.fingerprinter.of(&obj);
+                let changed = self.fingerprints.get(&key) != Some(&fingerprint);
+                if changed {
+                    self.dirty.insert(key.clone());
+                    self.fingerprints.insert(key.clone(), fingerprint);
+                    self.objects.insert(key, obj);
                 }
-                for k in objects.keys() {
-                    if !buffer.contains_key(k) {
-                        dirty.insert(k.clone());
-                    }
+                (changed, phase)
+            }
+            (phase, Event::Delete(obj)) => {
+                let key = key_of(&obj);
+                let changed = self.fingerprints.remove(&key).is_some();
+                if changed {
+                    self.objects.remove(&key);
+                    self.dirty.insert(key);
                 }
+                (changed, phase)
             }
-            *objects = buffer;
-            (changed, Phase::Watching)
         }
-        (Phase::Watching, Event::InitDone) => (false, Phase::Watching),
-        // Watch events. The watcher sends none between Init and InitDone, but should
-        // one come, it applies to the current objects and the phase stays.
-        (phase, Event::Apply(obj) | Event::InitApply(obj)) => {
-            let key = key_of(&obj);
-            let changed = objects.get(&key) != Some(&obj);
-            if changed {
-                dirty.insert(key.clone());
-                objects.insert(key, obj);
+    }
+
+    /// A listed object for the buffer: without `keep_objects`, one equal to the
+    /// current object is kept as its fingerprint only.
+    fn listed(&self, obj: K) -> (Key, Listed<K>) {
+        let key = key_of(&obj);
+        let fingerprint = self.fingerprinter.of(&obj);
+        let needed = self.keep_objects || self.fingerprints.get(&key) != Some(&fingerprint);
+        (key, (fingerprint, needed.then_some(obj)))
+    }
+
+    /// Makes a completed (re)list current: what it changed (added, changed and
+    /// missing keys) becomes dirty. Returns whether anything changed.
+    fn swap_in(&mut self, buffer: BTreeMap<Key, Listed<K>>) -> bool {
+        let mut changed = false;
+        let gone: Vec<Key> = self
+            .fingerprints
+            .keys()
+            .filter(|k| !buffer.contains_key(*k))
+            .cloned()
+            .collect();
+        for key in gone {
+            self.fingerprints.remove(&key);
+            self.objects.remove(&key);
+            self.dirty.insert(key);
+            changed = true;
+        }
+        for (key, (fingerprint, obj)) in buffer {
+            let same = self.fingerprints.get(&key) == Some(&fingerprint);
+            match obj {
+                Some(obj) if !same => {
+                    self.fingerprints.insert(key.clone(), fingerprint);
+                    self.objects.insert(key.clone(), obj);
+                    self.dirty.insert(key);
+                    changed = true;
+                }
+                // Equal to the current one (kept as is), or left out as equal
+                // when listed and changed since by a watch event, which is newer.
+                Some(_) | None => {}
             }
-            (changed, phase)
         }
-        (phase, Event::Delete(obj)) => {
-            let key = key_of(&obj);
-            let changed = objects.remove(&key).is_some();
-            if changed {
-                dirty.insert(key);
-            }
-            (changed, phase)
-        }
+        changed
     }
 }
 
@@ -336,7 +437,7 @@ impl Shared {
 
     /// Applies an event to the kind `slot` selects; bumps the generation when the
     /// objects changed after every kind is ready, or when this event made them ready.
-    fn apply<K: Resource + PartialEq>(
+    fn apply<K: Resource + serde::Serialize>(
         &self,
         event: Event<K>,
         slot: fn(&mut Stores) -> &mut KindState<K>,
@@ -369,6 +470,16 @@ impl KubeSource {
         client: ::kube::Client,
         node_name: &str,
     ) -> Result<KubeSource, KubeSourceError> {
+        Self::start_with(client, node_name, Retention::Objects).await
+    }
+
+    /// Like [`start`](Self::start), keeping what `retention` says of each object.
+    pub async fn start_with(
+        client: ::kube::Client,
+        node_name: &str,
+        retention: Retention,
+    ) -> Result<KubeSource, KubeSourceError> {
+        let keep_objects = retention == Retention::Objects;
         let service_cidrs = serves_service_cidrs(&client).await?;
         if !service_cidrs {
             tracing::info!(
@@ -378,8 +489,8 @@ impl KubeSource {
         let (generation, _) = watch::channel(0);
         let shared = Arc::new(Shared {
             stores: Mutex::new(Stores {
-                services: KindState::new(true),
-                endpoint_slices: KindState::new(true),
+                services: KindState::with_retention(true, keep_objects),
+                endpoint_slices: KindState::with_retention(true, keep_objects),
                 nodes: KindState::new(true),
                 service_cidrs: KindState::new(service_cidrs),
             }),
@@ -422,7 +533,8 @@ impl KubeSource {
     }
 
     /// The current objects, each kind sorted by `(namespace, name)`. The objects carry
-    /// no `resourceVersion` or `managedFields`.
+    /// no `resourceVersion` or `managedFields`. With [`Retention::Changes`], only the
+    /// Services and EndpointSlices changed since the last [`take_changes`](Self::take_changes).
     pub fn snapshot(&self) -> Objects {
         let stores = self.shared.lock();
         Objects {
@@ -492,7 +604,8 @@ fn spawn_watcher<K>(
     slot: fn(&mut Stores) -> &mut KindState<K>,
 ) -> JoinHandle<()>
 where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + PartialEq,
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync,
+    K: serde::Serialize,
     K: Default + 'static,
 {
     tokio::spawn(async move {
@@ -725,6 +838,71 @@ mod tests {
         assert_eq!(
             k.objects.keys().cloned().collect::<Vec<_>>(),
             [("ns".to_string(), "a".to_string())]
+        );
+    }
+
+    #[test]
+    fn changes_retention_keeps_fingerprints_and_hands_objects_over() {
+        let mut k = KindState::<Service>::with_retention(true, false);
+        k.apply(Event::Init);
+        k.apply(Event::InitApply(svc("a", "1", "10.0.0.1")));
+        k.apply(Event::InitApply(svc("b", "2", "10.0.0.2")));
+        assert!(k.apply(Event::InitDone));
+        let first = k.take_dirty();
+        assert_eq!(first.len(), 2);
+        assert!(first.iter().all(|(_, o)| o.is_some()));
+        assert!(k.objects.is_empty(), "taken objects leave the store");
+        assert_eq!(k.fingerprints.len(), 2);
+        // A no-op update is still recognised without the object.
+        assert!(!k.apply(Event::Apply(svc("a", "3", "10.0.0.1"))));
+        assert!(k.take_dirty().is_empty());
+        assert!(k.apply(Event::Apply(svc("a", "4", "10.0.0.9"))));
+        let changed = k.take_dirty();
+        assert_eq!(changed.len(), 1);
+        assert_eq!(
+            changed[0]
+                .1
+                .as_ref()
+                .and_then(|s| s.spec.as_ref()?.cluster_ip.clone()),
+            Some("10.0.0.9".to_string())
+        );
+        // A relist: b unchanged (not kept), a changed back, c new, nothing else.
+        k.apply(Event::Init);
+        k.apply(Event::InitApply(svc("a", "5", "10.0.0.1")));
+        k.apply(Event::InitApply(svc("b", "6", "10.0.0.2")));
+        k.apply(Event::InitApply(svc("c", "7", "10.0.0.3")));
+        assert!(k.apply(Event::InitDone));
+        let names: Vec<String> = k.take_dirty().into_iter().map(|(k, _)| k.1).collect();
+        assert_eq!(names, ["a", "c"]);
+        assert!(k.objects.is_empty());
+        // A relist without b: b is deleted (no object).
+        k.apply(Event::Init);
+        k.apply(Event::InitApply(svc("a", "8", "10.0.0.1")));
+        k.apply(Event::InitApply(svc("c", "9", "10.0.0.3")));
+        assert!(k.apply(Event::InitDone));
+        let gone = k.take_dirty();
+        assert_eq!(gone.len(), 1);
+        assert_eq!(gone[0].0.1, "b");
+        assert!(gone[0].1.is_none());
+        assert!(k.apply(Event::Delete(svc("a", "10", "10.0.0.1"))));
+        assert_eq!(k.take_dirty()[0].1, None);
+        assert_eq!(k.fingerprints.len(), 1);
+    }
+
+    #[test]
+    fn fingerprints_tell_objects_apart() {
+        let f = Fingerprinter::new();
+        assert_eq!(
+            f.of(&svc("a", "1", "10.0.0.1")),
+            f.of(&svc("a", "2", "10.0.0.1"))
+        );
+        assert_ne!(
+            f.of(&svc("a", "1", "10.0.0.1")),
+            f.of(&svc("a", "1", "10.0.0.2"))
+        );
+        assert_ne!(
+            f.of(&svc("a", "1", "10.0.0.1")),
+            f.of(&svc("b", "1", "10.0.0.1"))
         );
     }
 
