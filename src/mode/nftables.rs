@@ -691,7 +691,11 @@ impl Claims {
     fn insert(&mut self, name: Arc<ServicePortName>, element: Element) {
         match self.0.binary_search_by(|(n, _)| (**n).cmp(&*name)) {
             Ok(i) => self.0[i].1 = element,
-            Err(i) => self.0.insert(i, (name, element)),
+            Err(i) => {
+                // One claim is the rule: no room for four (Vec's first growth).
+                self.0.reserve_exact(1);
+                self.0.insert(i, (name, element))
+            }
         }
     }
 

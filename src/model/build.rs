@@ -611,7 +611,11 @@ pub(super) fn endpoints(
             }
         }
     }
-    out.retain(|_, v| !v.is_empty());
+    // Kept for as long as the service is: no spare capacity.
+    out.retain(|_, v| {
+        v.shrink_to_fit();
+        !v.is_empty()
+    });
     out
 }
 

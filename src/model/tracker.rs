@@ -19,8 +19,9 @@ use crate::source::{ObjectChanges, ObjectKey};
 struct ParsedSlice {
     /// `(namespace, service name)` from its `kubernetes.io/service-name` label.
     service: Option<ObjectKey>,
-    /// Its endpoints per service port.
-    endpoints: BTreeMap<ServicePortName, Vec<Endpoint>>,
+    /// Its endpoints per service port, in name order (a slice has one or a few
+    /// ports: a `BTreeMap` would allocate a node of eleven entries per slice).
+    endpoints: Box<[(ServicePortName, Vec<Endpoint>)]>,
     /// `endpoints.kubernetes.io/last-change-trigger-time`, if set.
     trigger_time: Option<String>,
 }
@@ -142,7 +143,7 @@ impl ModelTracker {
                     key,
                     ParsedSlice {
                         service,
-                        endpoints: parsed,
+                        endpoints: parsed.into_iter().collect(),
                         trigger_time,
                     },
                 );
@@ -267,7 +268,11 @@ impl ModelTracker {
                 }
             }
         }
-        out.retain(|_, v| !v.is_empty());
+        // Kept for as long as the service is: no spare capacity.
+        out.retain(|_, v| {
+            v.shrink_to_fit();
+            !v.is_empty()
+        });
         out
     }
 
