@@ -97,7 +97,14 @@ fn run(n: usize, changes: usize) {
     };
     let g0 = generation();
     let started = Instant::now();
-    proxy.start();
+    // KNP_BENCH_WRAPPER="heaptrack -o /tmp/knp" profiles the daemon (RSS and
+    // CPU figures then include the wrapper's cost).
+    match std::env::var("KNP_BENCH_WRAPPER") {
+        Ok(wrapper) if !wrapper.trim().is_empty() => {
+            proxy.start_wrapped(&wrapper.split_whitespace().collect::<Vec<_>>())
+        }
+        _ => proxy.start(),
+    }
     let pid = proxy.pid().expect("running");
     let programmed = common::eventually(Duration::from_secs(300), || {
         proxy.log().contains("sync: committed")
