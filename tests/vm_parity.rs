@@ -275,6 +275,24 @@ fn check(t: &Topo, row: &Row) {
     }
 }
 
+/// The log without terminal colour sequences (`ESC [ … m`).
+fn strip_ansi(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for d in chars.by_ref() {
+                if d == 'm' {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 fn topo() -> Topo {
     let mut t = Topo::new();
     t.add_pod("a", Where::Local);
@@ -298,8 +316,10 @@ fn run_table(mode: &str) {
     for row in &rows {
         c.run(&format!("{mode}: {}", row.name), || check(&t, row));
     }
-    eprintln!(
-        "{mode}: {} scenarios in {:.1} s",
+    // Straight to stderr: libtest swallows eprintln! of passing tests.
+    let _ = writeln!(
+        std::io::stderr(),
+        "vm_parity {mode}: {} scenarios in {:.1} s (guest clock)",
         rows.len(),
         started.elapsed().as_secs_f64()
     );
@@ -384,12 +404,12 @@ fn ipvs_timeouts_and_affinity() {
         ),
     ]));
     let out = p.once();
-    let log = String::from_utf8_lossy(&out.stderr).into_owned();
+    let log = strip_ansi(&String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "{log}");
     let mut c = Checks::default();
     c.run("the daemon read the timeouts back (GET_CONFIG)", || {
         assert!(
-            log.contains("IPVS connection timeouts set") && log.contains("tcp=600"),
+            log.contains("IPVS connection timeouts set tcp=600 tcp_fin=7 udp=2"),
             "{log}"
         );
     });

@@ -16,6 +16,16 @@
 //! * Packet filtering and NAT is one nftables table `kube-nlproxy` per family with a
 //!   constant handful of chains and rules (masquerade, hairpin, NodePort, LB source
 //!   ranges, eTP Local, reject on unknown ports of service IPs).
+//! * **eTP Local short-circuit** (upstream's iptables/nftables behaviour, which its
+//!   IPVS mode lacks): the external VSs of an eTP Local service keep only local
+//!   endpoints, for traffic from outside. Pods' (local-traffic detector) and the
+//!   node's own new connections to those external addresses are DNATed in
+//!   `nat-prerouting` / `nat-output`, before IPVS sees them, to the ClusterIP's VS
+//!   (every endpoint) through the map [`SHORT_CIRCUIT`]; the node's own are marked
+//!   for masquerade. Outside traffic to an eTP Local entry point without a local
+//!   endpoint is dropped through the set [`NO_LOCAL_ENDPOINTS`]. Both hold one
+//!   element per entry point, so the rules stay constant and a change is element
+//!   deltas.
 //!
 //! **Why the rules match nft sets, not the ipsets.** Matching an ipset from
 //! nftables needs nft_compat's xtables `set` match, which takes the set's kernel
