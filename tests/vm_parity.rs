@@ -11,7 +11,7 @@
 //! * `parity_nftables`, `parity_ipvs`: externalTrafficPolicy Local with and without
 //!   a local endpoint, from a pod, from the node and from outside, to the
 //!   NodePort, a LoadBalancer IP and an externalIP, IPv4 and IPv6; internalTraffic
-//!   Policy Local; SCTP ClusterIP and NodePort.
+//!   Policy Local with and without a local endpoint; SCTP ClusterIP and NodePort.
 //! * `ipvs_timeouts_and_affinity`: `--ipvs-*-timeout` set through the daemon,
 //!   read back from the kernel (`ipvsadm -L --timeout`, IPVS_CMD_GET_CONFIG), and
 //!   a ClientIP affinity of 3 s that expires after 3 s + the UDP timeout.
@@ -59,6 +59,8 @@ const NOLOCAL_LB: [&str; 2] = ["10.78.0.141", "fd78::141"];
 const NOLOCAL_NP: u16 = 30141;
 /// iTP Local (b local, r remote).
 const ITP_CIP: [&str; 2] = ["10.96.0.42", "fd96::42"];
+/// iTP Local without a local endpoint (r only).
+const ITPNONE_CIP: [&str; 2] = ["10.96.0.44", "fd96::44"];
 /// SCTP NodePort (b, r).
 const SCTP_CIP: [&str; 2] = ["10.96.0.43", "fd96::43"];
 const SCTP_NP: u16 = 30143;
@@ -91,6 +93,16 @@ fn manifests(t: &Topo) -> String {
             )
         }
         .yaml(),
+        Svc {
+            itp: "Local".into(),
+            ..Svc::new(
+                "itpnone",
+                "ClusterIP",
+                &ITPNONE_CIP,
+                vec![port("http", "TCP", 80, 8080)],
+            )
+        }
+        .yaml(),
         Svc::new(
             "sctp",
             "NodePort",
@@ -103,6 +115,7 @@ fn manifests(t: &Topo) -> String {
         ("etp", &["b", "r"][..], &HTTP),
         ("nolocal", &["r"], &HTTP),
         ("itp", &["b", "r"], &HTTP),
+        ("itpnone", &["r"], &HTTP),
         ("sctp", &["b", "r"], &SCTP),
     ] {
         objs.push(slice(svc, "v4", false, ports, &t.eps(pods, false)));
@@ -208,6 +221,15 @@ fn table() -> Vec<Row> {
             dst: SocketAddr::new(addr(ITP_CIP, v6), 80),
             want: Want::Answered(&["b"], Src::Client),
         });
+        for from in [From::Pod, From::Node] {
+            rows.push(Row {
+                name: format!("{f} iTP Local ClusterIP, no local endpoint, from {from:?}: dropped"),
+                from,
+                proto: Proto::Tcp,
+                dst: SocketAddr::new(addr(ITPNONE_CIP, v6), 80),
+                want: Want::NoAnswer,
+            });
+        }
         rows.push(Row {
             name: format!("{f} SCTP ClusterIP from Pod"),
             from: From::Pod,

@@ -111,6 +111,12 @@ pub const SHORT_CIRCUIT: &str = "external-local-short-circuit";
 /// iptables and nftables modes (IPVS would answer with a port unreachable).
 pub const NO_LOCAL_ENDPOINTS: &str = "external-local-no-endpoints";
 
+/// nft set of the mode's table (not an ipset): ClusterIP . protocol . port of
+/// `internalTrafficPolicy: Local` services that have endpoints but no local one.
+/// Traffic to them is dropped, like upstream's iptables and nftables modes (the
+/// ClusterIP's VS, without real servers, would answer with a port unreachable).
+pub const INTERNAL_NO_LOCAL_ENDPOINTS: &str = "internal-local-no-endpoints";
+
 /// Every ipset of the mode with its type (IPv4 names; see [`ipset_name`]).
 pub const IPSETS: [(&str, IpsetType); 17] = [
     (LOOP_BACK, IpsetType::HashIpPortIp),
@@ -374,6 +380,17 @@ fn service_port(
     };
 
     if let Some(cip) = svc.cluster_ip {
+        if svc.internal_policy == crate::model::TrafficPolicy::Local
+            && internal.is_empty()
+            && cat.has_any_endpoints
+        {
+            let key = vec![
+                KeyValue::Addr(cip),
+                KeyValue::Proto(proto.number()),
+                KeyValue::Port(port),
+            ];
+            nft_element_into(d, family, INTERNAL_NO_LOCAL_ENDPOINTS, Element::new(key));
+        }
         add_vs(d, cip, port, VsKind::ClusterIp);
         d.bound_addrs.insert(cip);
         member(d, CLUSTER_IP, ip_port(cip, proto, port));
@@ -489,7 +506,7 @@ fn service_port(
                     .map(|ip| (*ip, np)),
             );
         }
-        let no_local = !cat.cluster.is_empty() && cat.local.is_empty();
+        let no_local = cat.has_any_endpoints && cat.local.is_empty();
         for (addr, p) in entries {
             let key = vec![
                 KeyValue::Addr(addr),
@@ -604,6 +621,7 @@ fn table(family: IpFamily, d: &IpvsDesired, opts: &IpvsOptions) -> TableSpec {
     for (name, data) in [
         (SHORT_CIRCUIT, vec![addr_key, KeyType::InetService]),
         (NO_LOCAL_ENDPOINTS, vec![]),
+        (INTERNAL_NO_LOCAL_ENDPOINTS, vec![]),
     ] {
         t.set(
             name,
@@ -694,6 +712,14 @@ fn table(family: IpFamily, d: &IpvsDesired, opts: &IpvsOptions) -> TableSpec {
             .verdict(Verdict::Drop),
         Some("external traffic to externalTrafficPolicy Local without a local endpoint"),
     );
+    for chain in ["filter-prerouting", "filter-output"] {
+        t.rule(
+            chain,
+            b().in_set(&dst, INTERNAL_NO_LOCAL_ENDPOINTS, false)
+                .verdict(Verdict::Drop),
+            Some("internalTrafficPolicy Local without a local endpoint"),
+        );
+    }
     t.rule("nat-prerouting", b().verdict(jump(SERVICES)), None);
     t.rule("nat-output", b().verdict(jump(SERVICES)), None);
     t.rule("nat-postrouting", b().verdict(jump(MASQUERADING)), None);

@@ -659,3 +659,32 @@ fn short_circuit_changes_are_element_deltas() {
         desired_ipvs(&state1, &opts()).nft_elements
     );
 }
+
+#[test]
+fn itp_local_without_local_endpoint_is_dropped() {
+    let mut s = svc("web", "10.96.0.10");
+    s.internal_policy = TrafficPolicy::Local;
+    let set = |d: &IpvsDesired| {
+        d.nft_elements
+            .get(&(IpFamily::V4, INTERNAL_NO_LOCAL_ENDPOINTS.to_string()))
+            .map(|m| m.keys().cloned().collect::<Vec<_>>())
+            .unwrap_or_default()
+    };
+    let d = desired_ipvs(
+        &state(vec![(s.clone(), vec![ep("10.244.1.5", false)])]),
+        &opts(),
+    );
+    assert_eq!(set(&d), [k3("10.96.0.10", 80)]);
+    assert_eq!(
+        d.tables[0].sets[INTERNAL_NO_LOCAL_ENDPOINTS].elements.len(),
+        1
+    );
+    let d = desired_ipvs(
+        &state(vec![(s.clone(), vec![ep("10.244.1.5", true)])]),
+        &opts(),
+    );
+    assert!(set(&d).is_empty());
+    // No endpoint at all: refused by the empty VS, as for any service.
+    let d = desired_ipvs(&state(vec![(s, vec![])]), &opts());
+    assert!(set(&d).is_empty());
+}
