@@ -78,7 +78,9 @@ fn ipvs_driver(cfg: &Config, sysctls: bool) -> Result<IpvsDriver, ProxierError> 
         NetlinkIpvs::new()?,
         NetlinkDataplane::new()?,
         &cfg.ipvs_scheduler,
-    );
+    )
+    .exclude_cidrs(cfg.ipvs_exclude_cidrs.clone())
+    .timeouts(cfg.ipvs_timeouts);
     Ok(Driver::new(cfg, mode, host))
 }
 
@@ -130,7 +132,7 @@ pub fn cleanup(cfg: &Config) -> Result<(), ProxierError> {
     let mut nft = nftables_driver(cfg)?;
     let n = nft.cleanup()?;
     tracing::info!("cleanup: deleted {n} table(s)");
-    let n = cleanup_ipvs_objects()?;
+    let n = cleanup_ipvs_objects(cfg)?;
     tracing::info!("cleanup: {n} IPVS-mode operation(s)");
     Ok(())
 }
@@ -138,14 +140,15 @@ pub fn cleanup(cfg: &Config) -> Result<(), ProxierError> {
 /// Removes ipvs mode's objects but its nft table (nftables mode converts that
 /// by the ordinary diff). Works on a kernel without IPVS, where no IPVS
 /// object can exist.
-fn cleanup_ipvs_objects() -> Result<usize, ProxierError> {
+fn cleanup_ipvs_objects(cfg: &Config) -> Result<usize, ProxierError> {
     let ipvs = match NetlinkIpvs::new() {
         Ok(dp) => dp,
         Err(_) => NetlinkIpvs::without_ipvs()?,
     };
     let mut host = KernelHost::new();
     let addresses = host.local_addresses().unwrap_or_default();
-    let mut mode = IpvsMode::new(ipvs, NetlinkDataplane::new()?, "rr");
+    let mut mode = IpvsMode::new(ipvs, NetlinkDataplane::new()?, "rr")
+        .exclude_cidrs(cfg.ipvs_exclude_cidrs.clone());
     Ok(mode.cleanup_ipvs_objects(&addresses)?)
 }
 
@@ -213,7 +216,7 @@ pub async fn run(cfg: &Config) -> Result<(), ProxierError> {
     if cfg.mode == ProxyMode::Nftables {
         // Coming from ipvs mode: remove its objects (the shared nft table is
         // converted by the ordinary diff).
-        match cleanup_ipvs_objects() {
+        match cleanup_ipvs_objects(cfg) {
             Ok(0) => {}
             Ok(n) => tracing::info!("removed ipvs-mode leftovers ({n} operations)"),
             Err(e) => tracing::warn!(

@@ -243,6 +243,7 @@ fn opts() -> IpvsOptions {
             "fd44::/16".parse().unwrap(),
         ]),
         masquerade_mark: 0x4000,
+        exclude_cidrs: vec![],
     }
 }
 

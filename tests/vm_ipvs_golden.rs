@@ -232,3 +232,68 @@ fn pipelined_requests_each_get_their_own_answer() {
     let results = ipvs.apply_pipelined(&[IpvsRequest::DelService(&svc)]);
     assert!(results[0].is_ok());
 }
+
+/// `ipvsadm --set TCP TCPFIN UDP` against ours: the same SET_CONFIG bytes
+/// (cmd 12), parsed into the same timeouts; the kernel's GET_CONFIG reply
+/// (read through our handle) gives them back, and `ipvsadm -L --timeout` shows
+/// what we set.
+#[test]
+fn set_config_is_ipvsadms_and_get_config_reads_it_back() {
+    use kube_nlproxy_netlink::ipvs::{IpvsTimeouts, parse_timeouts};
+    if skip_on_host() {
+        return;
+    }
+    std::thread::spawn(|| {
+        // SAFETY: unshare(CLONE_NEWNET) changes only this thread's namespace (and
+        // the ipvsadm children it forks): IPVS timeouts are per namespace.
+        assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0);
+        let handle = IpvsHandle::new().expect("IPVS family");
+        let family = handle.family_id();
+        let want = IpvsTimeouts {
+            tcp: 901,
+            tcp_fin: 121,
+            udp: 301,
+        };
+        let captured = genl_payload(
+            &ipvsadm_messages(&["--set", "901", "121", "301"]),
+            family,
+            12,
+        );
+        let parsed = IpvsMessage::parse(&captured[..]).expect("parse ipvsadm's SET_CONFIG");
+        assert_eq!(parse_timeouts(&parsed), want);
+        assert_eq!(
+            captured,
+            emit(&request::set_config(&want)),
+            "SET_CONFIG bytes"
+        );
+        assert_eq!(
+            handle.timeouts().unwrap(),
+            want,
+            "GET_CONFIG after ipvsadm --set"
+        );
+        let ours = IpvsTimeouts {
+            tcp: 600,
+            tcp_fin: 0,
+            udp: 5,
+        };
+        handle.set_timeouts(&ours).unwrap();
+        assert_eq!(
+            handle.timeouts().unwrap(),
+            IpvsTimeouts {
+                tcp: 600,
+                tcp_fin: 121,
+                udp: 5
+            },
+            "0 leaves tcpfin as it was"
+        );
+        let out = Command::new("ipvsadm")
+            .args(["-L", "--timeout"])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let text = text.split_whitespace().collect::<Vec<_>>().join(" ");
+        assert!(text.contains("(tcp tcpfin udp): 600 121 5"), "{text}");
+    })
+    .join()
+    .unwrap();
+}

@@ -42,6 +42,25 @@ impl Reader<'_> {
         }
     }
 
+    /// A list of strings (`[a, b]`); a non-string item is a warning.
+    fn str_list(&mut self, path: &str, v: &Value) -> Option<Vec<String>> {
+        match v {
+            Value::Array(items) => Some(
+                items
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, item)| self.str(&format!("{path}[{i}]"), item))
+                    .collect(),
+            ),
+            Value::Null => None,
+            other => {
+                self.warnings
+                    .push(format!("{path}: expected a list, got {other:?}; ignored"));
+                None
+            }
+        }
+    }
+
     fn boolean(&mut self, path: &str, v: &Value) -> Option<bool> {
         match v {
             Value::Bool(b) => Some(*b),
@@ -411,7 +430,18 @@ pub fn apply(text: &str, mut cfg: Config) -> Result<Config, String> {
                                 }
                             }
                             "excludeCIDRs" => {
-                                r.warnings.push(format!("{sub}: not supported; ignored"))
+                                if let Some(list) = r.str_list(&sub, v) {
+                                    let mut cidrs = Vec::new();
+                                    for c in list {
+                                        match c.parse() {
+                                            Ok(n) => cidrs.push(n),
+                                            Err(e) => r.warnings.push(format!(
+                                                "{sub}: {c:?} is not a CIDR ({e}); ignored"
+                                            )),
+                                        }
+                                    }
+                                    cfg.ipvs_exclude_cidrs = cidrs;
+                                }
                             }
                             _ => r.unknown(&sub),
                         }
@@ -499,7 +529,7 @@ oomScoreAdj: -998
 clientConnection: {kubeconfig: /etc/kube/config, qps: 5}
 nftables: {masqueradeAll: true, masqueradeBit: 15, syncPeriod: 20s, minSyncPeriod: 2s}
 iptables: {masqueradeAll: false}
-ipvs: {scheduler: wlc, strictARP: true, tcpTimeout: 900s}
+ipvs: {scheduler: wlc, strictARP: true, tcpTimeout: 900s, excludeCIDRs: [10.0.0.0/8, bogus]}
 conntrack:
   maxPerCore: 65536
   min: 262144
@@ -533,6 +563,7 @@ bogusField: 1
         assert_eq!(cfg.ipvs_scheduler, "wlc");
         assert!(cfg.ipvs_strict_arp);
         assert_eq!(cfg.ipvs_timeouts[0], Duration::from_secs(900));
+        assert_eq!(cfg.ipvs_exclude_cidrs, ["10.0.0.0/8".parse().unwrap()]);
         assert_eq!(cfg.conntrack.max_per_core, 65536);
         assert_eq!(cfg.conntrack.min, 262144);
         assert_eq!(
@@ -547,8 +578,9 @@ bogusField: 1
         assert_eq!(cfg.conntrack.udp_timeout, Duration::from_secs(45));
         // One warning per unsupported or unknown field, naming it.
         let w = cfg.warnings.join("\n");
-        assert_eq!(cfg.warnings.len(), 3, "{w}");
+        assert_eq!(cfg.warnings.len(), 4, "{w}");
         assert!(w.contains("clientConnection.qps"), "{w}");
+        assert!(w.contains("ipvs.excludeCIDRs: \"bogus\""), "{w}");
         assert!(w.contains("featureGates"), "{w}");
         assert!(w.contains("bogusField: unknown field"), "{w}");
     }

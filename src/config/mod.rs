@@ -119,8 +119,15 @@ pub struct Config {
     pub ipvs_scheduler: String,
     /// `--ipvs-strict-arp`
     pub ipvs_strict_arp: bool,
-    /// `ipvs.tcpTimeout`, `tcpFinTimeout`, `udpTimeout` (0 = leave as is)
+    /// `ipvs.tcpTimeout`, `tcpFinTimeout`, `udpTimeout` (0 = leave as is);
+    /// `--ipvs-tcp-timeout`, `--ipvs-tcpfin-timeout`, `--ipvs-udp-timeout`
     pub ipvs_timeouts: [Duration; 3],
+    /// `--ipvs-exclude-cidrs` (`ipvs.excludeCIDRs`): virtual and real servers in
+    /// these are never deleted by a sync or cleanup.
+    pub ipvs_exclude_cidrs: Vec<IpNet>,
+    /// `--ipvs-sync-period`, `--ipvs-min-sync-period`: in ipvs mode they replace
+    /// `--sync-period` and `--min-sync-period` (applied at the end of parsing).
+    pub ipvs_sync_periods: [Option<Duration>; 2],
     /// The `conntrack` block.
     pub conntrack: host::ConntrackSettings,
     /// `--oom-score-adj` (-999)
@@ -157,6 +164,8 @@ impl Default for Config {
             ipvs_scheduler: "rr".into(),
             ipvs_strict_arp: false,
             ipvs_timeouts: [Duration::ZERO; 3],
+            ipvs_exclude_cidrs: Vec::new(),
+            ipvs_sync_periods: [None; 2],
             conntrack: host::ConntrackSettings::default(),
             oom_score_adj: Some(-999),
             warnings: Vec::new(),
@@ -227,6 +236,11 @@ FLAGS (kube-proxy names):
   --masquerade-bit N              mark bit for masquerade (default 14)
   --ipvs-scheduler NAME           rr|wrr|lc|wlc|lblc|lblcr|sh|dh|sed|nq|mh (default rr)
   --ipvs-strict-arp               arp_ignore=1, arp_announce=2
+  --ipvs-tcp-timeout D, --ipvs-tcpfin-timeout D, --ipvs-udp-timeout D
+                                  IPVS connection timeouts (default 0: the kernel's)
+  --ipvs-exclude-cidrs CIDR[,CIDR] IPVS servers never deleted by sync or cleanup
+  --ipvs-sync-period D, --ipvs-min-sync-period D   in ipvs mode, instead of --sync-period
+                                  and --min-sync-period
   --conntrack-max-per-core N, --conntrack-min N, --conntrack-tcp-timeout-established D,
   --conntrack-tcp-timeout-close-wait D, --conntrack-tcp-be-liberal,
   --conntrack-udp-timeout D, --conntrack-udp-timeout-stream D
@@ -407,6 +421,12 @@ where
             "--config",
             "--masquerade-bit",
             "--ipvs-scheduler",
+            "--ipvs-tcp-timeout",
+            "--ipvs-tcpfin-timeout",
+            "--ipvs-udp-timeout",
+            "--ipvs-exclude-cidrs",
+            "--ipvs-sync-period",
+            "--ipvs-min-sync-period",
             "--conntrack-max-per-core",
             "--conntrack-min",
             "--conntrack-tcp-timeout-established",
@@ -490,6 +510,19 @@ where
                 }
             }
             "--ipvs-scheduler" => cfg.ipvs_scheduler = value,
+            "--ipvs-tcp-timeout" | "--ipvs-tcpfin-timeout" | "--ipvs-udp-timeout" => {
+                let i = match f {
+                    "--ipvs-tcp-timeout" => 0,
+                    "--ipvs-tcpfin-timeout" => 1,
+                    _ => 2,
+                };
+                cfg.ipvs_timeouts[i] = parse_duration(&value).map_err(|e| invalid(f, &value, e))?;
+            }
+            "--ipvs-exclude-cidrs" => cfg.ipvs_exclude_cidrs = parse_list(f, &value)?,
+            "--ipvs-sync-period" | "--ipvs-min-sync-period" => {
+                let d = parse_duration(&value).map_err(|e| invalid(f, &value, e))?;
+                cfg.ipvs_sync_periods[usize::from(f == "--ipvs-min-sync-period")] = Some(d);
+            }
             "--conntrack-max-per-core" => {
                 cfg.conntrack.max_per_core = value.parse().map_err(|e| invalid(f, &value, e))?
             }
@@ -520,6 +553,11 @@ where
     }
     if cfg.detect_local_mode.is_none() && !cfg.cluster_cidrs.is_empty() {
         cfg.detect_local_mode = Some(DetectLocalMode::ClusterCidr);
+    }
+    if cfg.mode == ProxyMode::Ipvs {
+        let [sync, min] = cfg.ipvs_sync_periods;
+        cfg.sync_period = sync.unwrap_or(cfg.sync_period);
+        cfg.min_sync_period = min.unwrap_or(cfg.min_sync_period);
     }
     Ok(cfg)
 }
@@ -593,6 +631,36 @@ mod tests {
             ConfigError::MissingValue("--source".into())
         );
         assert_eq!(parse_args(["--cleanup"]).unwrap().command, Command::Cleanup);
+    }
+
+    #[test]
+    fn ipvs_flags() {
+        let c = parse_args([
+            "--ipvs-tcp-timeout=900s",
+            "--ipvs-tcpfin-timeout",
+            "30s",
+            "--ipvs-udp-timeout=1m",
+            "--ipvs-exclude-cidrs=10.0.0.0/8,fd00::/64",
+            "--ipvs-sync-period=7s",
+            "--ipvs-min-sync-period=2s",
+            "--proxy-mode=ipvs",
+        ])
+        .unwrap();
+        assert_eq!(
+            c.ipvs_timeouts,
+            [900, 30, 60].map(Duration::from_secs),
+            "tcp, tcpfin, udp"
+        );
+        assert_eq!(c.ipvs_exclude_cidrs.len(), 2);
+        assert_eq!(c.sync_period, Duration::from_secs(7));
+        assert_eq!(c.min_sync_period, Duration::from_secs(2));
+        // In nftables mode the ipvs periods do not apply.
+        let c = parse_args(["--ipvs-sync-period=7s", "--sync-period=9s"]).unwrap();
+        assert_eq!(c.sync_period, Duration::from_secs(9));
+        let e = parse_args(["--ipvs-tcp-timeout", "soon"]).unwrap_err();
+        assert!(e.to_string().contains("--ipvs-tcp-timeout"), "{e}");
+        let e = parse_args(["--ipvs-exclude-cidrs", "10.0.0.0/33"]).unwrap_err();
+        assert!(e.to_string().contains("--ipvs-exclude-cidrs"), "{e}");
     }
 
     #[test]

@@ -5,7 +5,9 @@ use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::time::Duration;
 
+use ipnet::IpNet;
 use kube_nlproxy_netlink::addr::InterfaceAddress;
+use kube_nlproxy_netlink::ipvs::IpvsTimeouts;
 
 use crate::mode::ipvs::{DUMMY_LINK, IpvsDesired, IpvsOptions, IpvsRenderer, IpvsTouched};
 use crate::mode::nftables::{NodePortAddresses, TableDelta, table_summary};
@@ -31,6 +33,12 @@ pub struct IpvsMode<I, D> {
     nft_deltas: Vec<TableDelta>,
     /// IPVS, ipset and address operations sent so far (one request each).
     ipvs_requests: u64,
+    /// `--ipvs-exclude-cidrs`
+    exclude_cidrs: Vec<IpNet>,
+    /// `--ipvs-tcp-timeout` etc. still to set (`None`: set, or all 0).
+    pending_timeouts: Option<IpvsTimeouts>,
+    /// The timeouts the kernel reported after setting them.
+    applied_timeouts: Option<IpvsTimeouts>,
 }
 
 impl<I: IpvsDataplane, D: Dataplane> IpvsMode<I, D> {
@@ -44,7 +52,39 @@ impl<I: IpvsDataplane, D: Dataplane> IpvsMode<I, D> {
             touched: None,
             nft_deltas: Vec::new(),
             ipvs_requests: 0,
+            exclude_cidrs: Vec::new(),
+            pending_timeouts: None,
+            applied_timeouts: None,
         }
+    }
+
+    /// Never deletes virtual or real servers in `cidrs` (`--ipvs-exclude-cidrs`).
+    #[must_use]
+    pub fn exclude_cidrs(mut self, cidrs: Vec<IpNet>) -> Self {
+        self.ipvs.set_exclude_cidrs(cidrs.clone());
+        self.exclude_cidrs = cidrs;
+        self
+    }
+
+    /// Sets IPVS's TCP, TCP-FIN and UDP connection timeouts before the first
+    /// sync (`--ipvs-tcp-timeout`, `--ipvs-tcpfin-timeout`, `--ipvs-udp-timeout`;
+    /// a zero leaves the kernel's value, all zero sends nothing), as upstream
+    /// does at start.
+    #[must_use]
+    pub fn timeouts(mut self, timeouts: [Duration; 3]) -> Self {
+        let secs = |d: Duration| u32::try_from(d.as_secs()).unwrap_or(u32::MAX);
+        let t = IpvsTimeouts {
+            tcp: secs(timeouts[0]),
+            tcp_fin: secs(timeouts[1]),
+            udp: secs(timeouts[2]),
+        };
+        self.pending_timeouts = (t != IpvsTimeouts::default()).then_some(t);
+        self
+    }
+
+    /// The timeouts the kernel reported after they were set.
+    pub fn applied_timeouts(&self) -> Option<IpvsTimeouts> {
+        self.applied_timeouts
     }
 
     /// The IPVS dataplane.
@@ -82,7 +122,7 @@ impl<I: IpvsDataplane, D: Dataplane> IpvsMode<I, D> {
 /// The ipvs-mode options from the flags resolved for the node: NodePorts on
 /// every local address become the list of those addresses, but loopback,
 /// link-local and `kube-ipvs0`'s.
-pub fn ipvs_options(node: &NodeContext, scheduler: &str) -> IpvsOptions {
+pub fn ipvs_options(node: &NodeContext, scheduler: &str, exclude_cidrs: &[IpNet]) -> IpvsOptions {
     let nodeport_ips = match &node.options.nodeport_addresses {
         NodePortAddresses::Ips(ips) => ips.clone(),
         NodePortAddresses::All => node
@@ -99,6 +139,7 @@ pub fn ipvs_options(node: &NodeContext, scheduler: &str) -> IpvsOptions {
         masquerade_all: node.options.masquerade_all,
         local_detector: node.options.local_detector.clone(),
         masquerade_mark: node.options.masquerade_mark,
+        exclude_cidrs: exclude_cidrs.to_vec(),
     }
 }
 
@@ -124,7 +165,7 @@ impl<I: IpvsDataplane, D: Dataplane> Mode for IpvsMode<I, D> {
         node: &NodeContext,
         changed: Option<&[ServicePortName]>,
     ) -> Result<(), ModeError> {
-        let opts = ipvs_options(node, &self.scheduler);
+        let opts = ipvs_options(node, &self.scheduler, &self.exclude_cidrs);
         let update = match changed {
             Some(changed) => self.renderer.update_changed(state, &opts, changed),
             None => self.renderer.update(state, &opts),
@@ -151,6 +192,18 @@ impl<I: IpvsDataplane, D: Dataplane> Mode for IpvsMode<I, D> {
     }
 
     fn sync(&mut self) -> Result<SyncReport, ModeError> {
+        if let Some(t) = self.pending_timeouts {
+            let now = self.ipvs.set_timeouts(&t)?;
+            self.ipvs_requests += 2;
+            tracing::info!(
+                tcp = now.tcp,
+                tcp_fin = now.tcp_fin,
+                udp = now.udp,
+                "IPVS connection timeouts set"
+            );
+            self.applied_timeouts = Some(now);
+            self.pending_timeouts = None;
+        }
         let touched = self.touched.replace(IpvsTouched::default());
         let deltas = std::mem::take(&mut self.nft_deltas);
         let desired = self.renderer.desired();

@@ -326,3 +326,27 @@ fn drift_in_our_table_is_found_cheaply_and_a_foreign_commit_is_not_drift() {
     let mut kernel = driver.mode().dataplane().clone();
     assert!(kernel.dump(Family::Ipv4, "foreign").unwrap().is_some());
 }
+
+#[test]
+fn ipvs_timeouts_are_set_once_before_the_first_sync() {
+    use std::time::Duration;
+    let mode = IpvsMode::new(FakeIpvs::default(), FakeKernel::default(), "rr").timeouts([
+        Duration::from_secs(60),
+        Duration::from_secs(2),
+        Duration::ZERO,
+    ]);
+    let mut driver = Driver::new(&config(), mode, host());
+    assert_eq!(driver.mode().ipvs_dataplane().timeouts, None);
+    driver.sync_once(cluster(3, "TCP")).unwrap();
+    let want = kube_nlproxy_netlink::ipvs::IpvsTimeouts {
+        tcp: 60,
+        tcp_fin: 2,
+        udp: 300,
+    };
+    assert_eq!(driver.mode().ipvs_dataplane().timeouts, Some(want));
+    assert_eq!(driver.mode().applied_timeouts(), Some(want));
+    // Zero everywhere (the default) sends nothing.
+    let mut plain = ipvs_driver();
+    plain.sync_once(cluster(3, "TCP")).unwrap();
+    assert_eq!(plain.mode().ipvs_dataplane().timeouts, None);
+}

@@ -16,6 +16,16 @@
 //! * Packet filtering and NAT is one nftables table `kube-nlproxy` per family with a
 //!   constant handful of chains and rules (masquerade, hairpin, NodePort, LB source
 //!   ranges, eTP Local, reject on unknown ports of service IPs).
+//! * **eTP Local short-circuit** (upstream's iptables/nftables behaviour, which its
+//!   IPVS mode lacks): the external VSs of an eTP Local service keep only local
+//!   endpoints, for traffic from outside. Pods' (local-traffic detector) and the
+//!   node's own new connections to those external addresses are DNATed in
+//!   `nat-prerouting` / `nat-output`, before IPVS sees them, to the ClusterIP's VS
+//!   (every endpoint) through the map [`SHORT_CIRCUIT`]; the node's own are marked
+//!   for masquerade. Outside traffic to an eTP Local entry point without a local
+//!   endpoint is dropped through the set [`NO_LOCAL_ENDPOINTS`]. Both hold one
+//!   element per entry point, so the rules stay constant and a change is element
+//!   deltas.
 //!
 //! **Why the rules match nft sets, not the ipsets.** Matching an ipset from
 //! nftables needs nft_compat's xtables `set` match, which takes the set's kernel
@@ -39,7 +49,9 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 use kube_nlproxy_netlink::ipset::{IpsetMember, IpsetType};
-use kube_nlproxy_netlink::nft::{ChainType, Hook, KeyType, KeyValue, SetFlags, Verdict};
+use kube_nlproxy_netlink::nft::{
+    ChainType, Element, Hook, KeyType, KeyValue, Reg, SetFlags, Verdict,
+};
 
 use crate::mode::nftables::{LocalDetector, TableSpec, family_of, local_source_into};
 use crate::mode::rules::{KeyField, RuleBuilder};
@@ -86,6 +98,24 @@ pub const NODE_PORT_LOCAL_SCTP: &str = "KUBE-NODE-PORT-LOCAL-SCTP-HASH";
 pub const HEALTH_CHECK_NODE_PORT: &str = "KUBE-HEALTH-CHECK-NODE-PORT";
 /// `KUBE-IPVS-IPS` (`hash:ip`): every address bound on `kube-ipvs0`.
 pub const IPVS_IPS: &str = "KUBE-IPVS-IPS";
+
+/// nft map of the mode's table (not an ipset): external address . protocol .
+/// port of an `externalTrafficPolicy: Local` service → its ClusterIP . port.
+/// Pods' and the node's own new connections to those addresses are DNATed to the
+/// ClusterIP's virtual server, which has every endpoint (the short-circuit of
+/// upstream's iptables and nftables modes); the node's own are masqueraded.
+pub const SHORT_CIRCUIT: &str = "external-local-short-circuit";
+/// nft set of the mode's table (not an ipset): external address . protocol .
+/// port of `externalTrafficPolicy: Local` services that have endpoints but no
+/// local one. Traffic from outside the cluster to them is dropped, like upstream's
+/// iptables and nftables modes (IPVS would answer with a port unreachable).
+pub const NO_LOCAL_ENDPOINTS: &str = "external-local-no-endpoints";
+
+/// nft set of the mode's table (not an ipset): ClusterIP . protocol . port of
+/// `internalTrafficPolicy: Local` services that have endpoints but no local one.
+/// Traffic to them is dropped, like upstream's iptables and nftables modes (the
+/// ClusterIP's VS, without real servers, would answer with a port unreachable).
+pub const INTERNAL_NO_LOCAL_ENDPOINTS: &str = "internal-local-no-endpoints";
 
 /// Every ipset of the mode with its type (IPv4 names; see [`ipset_name`]).
 pub const IPSETS: [(&str, IpsetType); 17] = [
@@ -138,6 +168,8 @@ pub struct IpvsOptions {
     pub local_detector: LocalDetector,
     /// The packet-mark bit asking for masquerade (`1 << masqueradeBit`).
     pub masquerade_mark: u32,
+    /// `--ipvs-exclude-cidrs`: virtual and real servers there are never deleted.
+    pub exclude_cidrs: Vec<IpNet>,
 }
 
 /// Identity of a virtual server, as IPVS keys it.
@@ -227,6 +259,12 @@ pub struct IpvsDesired {
     pub nodeport_ips: BTreeSet<IpAddr>,
     /// VS keys claimed by two service ports (the first in name order keeps it).
     pub conflicts: Vec<String>,
+    /// `--ipvs-exclude-cidrs`: virtual and real servers there are never deleted.
+    pub exclude_cidrs: Vec<IpNet>,
+    /// Elements of the table's own sets and maps ([`SHORT_CIRCUIT`],
+    /// [`NO_LOCAL_ENDPOINTS`]), per family and set, by key (the first service
+    /// port in name order keeps a key).
+    pub nft_elements: BTreeMap<(IpFamily, String), BTreeMap<Vec<KeyValue>, Element>>,
 }
 
 impl IpvsDesired {
@@ -264,10 +302,7 @@ pub fn desired_ipvs(state: &ClusterState, opts: &IpvsOptions) -> IpvsDesired {
             .unwrap_or(&[]);
         service_port(&mut d, svc, *family, endpoints, state, opts);
     }
-    d.tables = IpFamily::ALL
-        .iter()
-        .map(|f| table(*f, &d.ipsets, opts))
-        .collect();
+    d.tables = IpFamily::ALL.iter().map(|f| table(*f, &d, opts)).collect();
     d
 }
 
@@ -345,6 +380,17 @@ fn service_port(
     };
 
     if let Some(cip) = svc.cluster_ip {
+        if svc.internal_policy == crate::model::TrafficPolicy::Local
+            && internal.is_empty()
+            && cat.has_any_endpoints
+        {
+            let key = vec![
+                KeyValue::Addr(cip),
+                KeyValue::Proto(proto.number()),
+                KeyValue::Port(port),
+            ];
+            nft_element_into(d, family, INTERNAL_NO_LOCAL_ENDPOINTS, Element::new(key));
+        }
         add_vs(d, cip, port, VsKind::ClusterIp);
         d.bound_addrs.insert(cip);
         member(d, CLUSTER_IP, ip_port(cip, proto, port));
@@ -440,6 +486,53 @@ fn service_port(
     for ep in cat.all_reachable.iter().filter(|e| e.is_local) {
         member(d, LOOP_BACK, ip_port_ip(ep.ip, proto, ep.port, ep.ip));
     }
+
+    // eTP Local: the external entry points (externalIPs, LB IPs, the NodePort on
+    // every NodePort address) short-circuited for pods and the node itself to
+    // the ClusterIP's virtual server; dropped from outside without a local
+    // endpoint.
+    if etp_local {
+        let mut entries: Vec<(IpAddr, u16)> = svc
+            .external_ips
+            .iter()
+            .chain(&svc.load_balancer_ips)
+            .map(|a| (*a, port))
+            .collect();
+        if let Some(np) = svc.node_port {
+            entries.extend(
+                opts.nodeport_ips
+                    .iter()
+                    .filter(|ip| IpFamily::of(ip) == family)
+                    .map(|ip| (*ip, np)),
+            );
+        }
+        let no_local = cat.has_any_endpoints && cat.local.is_empty();
+        for (addr, p) in entries {
+            let key = vec![
+                KeyValue::Addr(addr),
+                KeyValue::Proto(proto.number()),
+                KeyValue::Port(p),
+            ];
+            if let Some(cip) = svc.cluster_ip {
+                let e = Element::new(key.clone())
+                    .with_data(vec![KeyValue::Addr(cip), KeyValue::Port(port)]);
+                nft_element_into(d, family, SHORT_CIRCUIT, e);
+            }
+            if no_local {
+                nft_element_into(d, family, NO_LOCAL_ENDPOINTS, Element::new(key));
+            }
+        }
+    }
+}
+
+/// Adds an element of the table's own sets; a key already there keeps its
+/// first element.
+fn nft_element_into(d: &mut IpvsDesired, family: IpFamily, set: &str, e: Element) {
+    d.nft_elements
+        .entry((family, set.to_string()))
+        .or_default()
+        .entry(e.key.clone())
+        .or_insert(e);
 }
 
 /// nft key of an ipset type, and the element of a member.
@@ -519,10 +612,29 @@ const FIREWALL_CHECK: &str = "firewall-check";
 const SERVICE_PORTS_CHECK: &str = "service-ports-check";
 
 /// The constant table of one family: the ipset mirrors plus the rules.
-fn table(family: IpFamily, ipsets: &BTreeMap<String, IpsetSpec>, opts: &IpvsOptions) -> TableSpec {
+fn table(family: IpFamily, d: &IpvsDesired, opts: &IpvsOptions) -> TableSpec {
     use ChainType::{Filter, Nat};
+    let ipsets = &d.ipsets;
     let nf = family_of(family);
     let mut t = TableSpec::new(nf);
+    let addr_key = KeyType::addr(nf);
+    for (name, data) in [
+        (SHORT_CIRCUIT, vec![addr_key, KeyType::InetService]),
+        (NO_LOCAL_ENDPOINTS, vec![]),
+        (INTERNAL_NO_LOCAL_ENDPOINTS, vec![]),
+    ] {
+        t.set(
+            name,
+            vec![addr_key, KeyType::InetProto, KeyType::InetService],
+            false,
+            SetFlags::default(),
+        );
+        let spec = t.sets.get_mut(name).expect("declared above");
+        spec.set.data = data;
+        if let Some(elements) = d.nft_elements.get(&(family, name.to_string())) {
+            spec.elements.extend(elements.values().cloned());
+        }
+    }
     let n = |name: &str| ipset_name(name, family);
     // hash:ip,port,net members by prefix length: one nft set (and one rule) per
     // length, or a /30 entry would match every source of its /24 under the /24
@@ -581,6 +693,33 @@ fn table(family: IpFamily, ipsets: &BTreeMap<String, IpsetSpec>, opts: &IpvsOpti
         KeyField::Saddr,
     ];
 
+    // From outside the cluster: neither the node itself nor a local pod.
+    let outside = {
+        let rule = b().fib_saddr_not_local();
+        local_source_into(
+            rule.clone(),
+            nf,
+            &opts.local_detector,
+            &Default::default(),
+            true,
+        )
+        .unwrap_or(rule)
+    };
+    t.rule(
+        "filter-prerouting",
+        outside
+            .in_set(&dst, NO_LOCAL_ENDPOINTS, false)
+            .verdict(Verdict::Drop),
+        Some("external traffic to externalTrafficPolicy Local without a local endpoint"),
+    );
+    for chain in ["filter-prerouting", "filter-output"] {
+        t.rule(
+            chain,
+            b().in_set(&dst, INTERNAL_NO_LOCAL_ENDPOINTS, false)
+                .verdict(Verdict::Drop),
+            Some("internalTrafficPolicy Local without a local endpoint"),
+        );
+    }
     t.rule("nat-prerouting", b().verdict(jump(SERVICES)), None);
     t.rule("nat-output", b().verdict(jump(SERVICES)), None);
     t.rule("nat-postrouting", b().verdict(jump(MASQUERADING)), None);
@@ -603,6 +742,33 @@ fn table(family: IpFamily, ipsets: &BTreeMap<String, IpsetSpec>, opts: &IpvsOpti
     );
 
     // services (nat prerouting/output): decide about masquerade; IPVS does the DNAT.
+    // First the eTP Local short-circuit: the key in the registers from r32 4 on,
+    // the ClusterIP . port after it, clear of NFT_REG_1 (r32 0-3) that the mark
+    // statement uses.
+    let a = nf.addr_len() / 4;
+    let (key_at, data_at) = (4, 4 + a + 2);
+    let short_circuit = |rule: RuleBuilder| {
+        rule.load_at(&dst, key_at).lookup_reg(
+            SHORT_CIRCUIT,
+            Reg::r32(key_at),
+            Some(Reg::r32(data_at)),
+        )
+    };
+    t.rule(
+        SERVICES,
+        short_circuit(b().fib_saddr_local())
+            .mark_set_or(opts.masquerade_mark)
+            .dnat_regs(Reg::r32(data_at), Reg::r32(data_at + a)),
+        Some("the node's own traffic to externalTrafficPolicy Local: every endpoint, masqueraded"),
+    );
+    if let Some(pods) = local_source_into(b(), nf, &opts.local_detector, &Default::default(), false)
+    {
+        t.rule(
+            SERVICES,
+            short_circuit(pods).dnat_regs(Reg::r32(data_at), Reg::r32(data_at + a)),
+            Some("pods' traffic to externalTrafficPolicy Local: every endpoint"),
+        );
+    }
     t.rule(
         SERVICES,
         b().in_set(&dst, &n(LOAD_BALANCER), false)

@@ -23,10 +23,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
+use ipnet::IpNet;
 use kube_nlproxy_netlink::ipset::{IpsetCreate, IpsetFamily, IpsetHandle, IpsetMember, IpsetType};
 use kube_nlproxy_netlink::ipvs::codec::IP_VS_SVC_F_PERSISTENT;
 use kube_nlproxy_netlink::ipvs::{
-    FwdMethod, IpvsDestination, IpvsHandle, IpvsProtocol, IpvsRequest, IpvsService,
+    FwdMethod, IpvsDestination, IpvsHandle, IpvsProtocol, IpvsRequest, IpvsService, IpvsTimeouts,
 };
 use kube_nlproxy_netlink::link::LinkHandle;
 
@@ -257,8 +258,22 @@ pub fn ipset_create(spec: &IpsetSpec) -> IpsetCreate {
     }
 }
 
-/// Whether the kernel VS `key` is ours (see the module doc).
-fn owned(key: &VsKey, current: &IpvsCurrent, nodeport_ips: &BTreeSet<IpAddr>) -> bool {
+/// Whether `addr` is in one of `--ipvs-exclude-cidrs`: a virtual or real server
+/// there is never deleted (upstream's `isIPInExcludeCIDRs`).
+pub fn excluded(addr: &IpAddr, exclude: &[IpNet]) -> bool {
+    exclude.iter().any(|c| c.contains(addr))
+}
+
+/// Whether the kernel VS `key` is ours (see the module doc) and not excluded.
+fn owned(
+    key: &VsKey,
+    current: &IpvsCurrent,
+    nodeport_ips: &BTreeSet<IpAddr>,
+    exclude: &[IpNet],
+) -> bool {
+    if excluded(&key.addr, exclude) {
+        return false;
+    }
     if current
         .dummy
         .as_ref()
@@ -367,7 +382,14 @@ pub fn diff_ipvs_scoped(
     };
     for key in &keys {
         if let Some(vs) = desired.virtual_servers.get(key) {
-            diff_vs(key, vs, current, &mut plan, &mut removals);
+            diff_vs(
+                key,
+                vs,
+                current,
+                &desired.exclude_cidrs,
+                &mut plan,
+                &mut removals,
+            );
         }
     }
     plan.ops.extend(removals);
@@ -377,7 +399,9 @@ pub fn diff_ipvs_scoped(
         Some(_) => keys,
     };
     for key in gone {
-        if desired.virtual_servers.contains_key(key) || !owned(key, current, nodeport_ips) {
+        if desired.virtual_servers.contains_key(key)
+            || !owned(key, current, nodeport_ips, &desired.exclude_cidrs)
+        {
             continue;
         }
         if let Some(cur) = current.services.get(key) {
@@ -445,6 +469,7 @@ fn diff_vs(
     key: &VsKey,
     vs: &VirtualServer,
     current: &IpvsCurrent,
+    exclude: &[IpNet],
     plan: &mut IpvsPlan,
     removals: &mut Vec<IpvsOp>,
 ) {
@@ -476,7 +501,8 @@ fn diff_vs(
         if vs.real_servers.contains(&crate::mode::ipvs::RealServer {
             addr: *addr,
             port: *port,
-        }) {
+        }) || excluded(addr, exclude)
+        {
             continue;
         }
         let gone = d.active_conns + d.inact_conns == 0;
@@ -495,11 +521,15 @@ fn diff_vs(
 
 /// PURE: the operations `kube-nlproxy cleanup` sends: every VS of ours, the dummy
 /// link and every KUBE-* ipset of ours.
-pub fn cleanup_ops(current: &IpvsCurrent, nodeport_ips: &BTreeSet<IpAddr>) -> Vec<IpvsOp> {
+pub fn cleanup_ops(
+    current: &IpvsCurrent,
+    nodeport_ips: &BTreeSet<IpAddr>,
+    exclude: &[IpNet],
+) -> Vec<IpvsOp> {
     let mut ops: Vec<IpvsOp> = current
         .services
         .iter()
-        .filter(|(k, _)| owned(k, current, nodeport_ips))
+        .filter(|(k, _)| owned(k, current, nodeport_ips, exclude))
         .map(|(_, v)| IpvsOp::DelService(v.service.clone()))
         .collect();
     if current.dummy.is_some() {
@@ -631,6 +661,11 @@ pub trait IpvsDataplane {
     }
     /// Reads the real servers of one service with fresh connection counters.
     fn dests(&mut self, service: &IpvsService) -> Result<Vec<IpvsDestination>, IpvsSyncError>;
+    /// Sets IPVS's connection timeouts (0 leaves one as it is):
+    /// `ipvsadm --set TCP TCPFIN UDP`.
+    fn set_timeouts(&mut self, timeouts: &IpvsTimeouts) -> Result<(), IpvsSyncError>;
+    /// Reads IPVS's connection timeouts: `ipvsadm -L --timeout`.
+    fn timeouts(&mut self) -> Result<IpvsTimeouts, IpvsSyncError>;
 }
 
 /// An in-memory kernel for unit tests: refuses what the kernel refuses and
@@ -643,7 +678,16 @@ pub struct FakeIpvs {
     pub log: Vec<IpvsOp>,
     /// Number of dumps.
     pub dumps: usize,
+    /// The connection timeouts (the kernel's defaults: 900, 120, 300 s).
+    pub timeouts: Option<IpvsTimeouts>,
 }
+
+/// IPVS's default connection timeouts (`ipvsadm -L --timeout` on a fresh kernel).
+pub const KERNEL_DEFAULT_TIMEOUTS: IpvsTimeouts = IpvsTimeouts {
+    tcp: 900,
+    tcp_fin: 120,
+    udp: 300,
+};
 
 impl IpvsDataplane for FakeIpvs {
     fn dump(&mut self) -> Result<IpvsCurrent, IpvsSyncError> {
@@ -674,6 +718,25 @@ impl IpvsDataplane for FakeIpvs {
             .map(|v| v.dests.values().cloned().collect())
             .unwrap_or_default())
     }
+
+    fn set_timeouts(&mut self, t: &IpvsTimeouts) -> Result<(), IpvsSyncError> {
+        let mut now = self.timeouts.unwrap_or(KERNEL_DEFAULT_TIMEOUTS);
+        for (cur, new) in [
+            (&mut now.tcp, t.tcp),
+            (&mut now.tcp_fin, t.tcp_fin),
+            (&mut now.udp, t.udp),
+        ] {
+            if new != 0 {
+                *cur = new;
+            }
+        }
+        self.timeouts = Some(now);
+        Ok(())
+    }
+
+    fn timeouts(&mut self) -> Result<IpvsTimeouts, IpvsSyncError> {
+        Ok(self.timeouts.unwrap_or(KERNEL_DEFAULT_TIMEOUTS))
+    }
 }
 
 impl<D: IpvsDataplane + ?Sized> IpvsDataplane for &mut D {
@@ -691,6 +754,14 @@ impl<D: IpvsDataplane + ?Sized> IpvsDataplane for &mut D {
 
     fn dests(&mut self, service: &IpvsService) -> Result<Vec<IpvsDestination>, IpvsSyncError> {
         (**self).dests(service)
+    }
+
+    fn set_timeouts(&mut self, timeouts: &IpvsTimeouts) -> Result<(), IpvsSyncError> {
+        (**self).set_timeouts(timeouts)
+    }
+
+    fn timeouts(&mut self) -> Result<IpvsTimeouts, IpvsSyncError> {
+        (**self).timeouts()
     }
 }
 
@@ -915,6 +986,31 @@ impl IpvsDataplane for NetlinkIpvs {
             .list_destinations(service)
             .map_err(|e| failed(e.into()))
     }
+
+    fn set_timeouts(&mut self, t: &IpvsTimeouts) -> Result<(), IpvsSyncError> {
+        let failed = |source: BoxError| IpvsSyncError::ApplyFailed {
+            op: format!(
+                "ipvsadm --set {} {} {} (IPVS_CMD_SET_CONFIG)",
+                t.tcp, t.tcp_fin, t.udp
+            ),
+            source,
+        };
+        self.ipvs()
+            .map_err(failed)?
+            .set_timeouts(t)
+            .map_err(|e| failed(e.into()))
+    }
+
+    fn timeouts(&mut self) -> Result<IpvsTimeouts, IpvsSyncError> {
+        let failed = |source: BoxError| IpvsSyncError::DumpFailed {
+            what: "IPVS timeouts (IPVS_CMD_GET_CONFIG)".into(),
+            source,
+        };
+        self.ipvs()
+            .map_err(failed)?
+            .timeouts()
+            .map_err(|e| failed(e.into()))
+    }
 }
 
 /// The IPVS request of an operation that is one (the rest are ipset, link
@@ -949,9 +1045,23 @@ pub struct IpvsSyncer<D> {
     committed: Option<IpvsCurrent>,
     draining: usize,
     nodeport_ips: BTreeSet<IpAddr>,
+    /// `--ipvs-exclude-cidrs`, for cleanup (a sync takes the desired state's).
+    exclude_cidrs: Vec<IpNet>,
 }
 
 impl<D: IpvsDataplane> IpvsSyncer<D> {
+    /// Never deletes a virtual or real server in `cidrs` (`--ipvs-exclude-cidrs`),
+    /// in cleanup as in syncs.
+    pub fn set_exclude_cidrs(&mut self, cidrs: Vec<IpNet>) {
+        self.exclude_cidrs = cidrs;
+    }
+
+    /// Sets IPVS's connection timeouts and reads them back.
+    pub fn set_timeouts(&mut self, t: &IpvsTimeouts) -> Result<IpvsTimeouts, IpvsSyncError> {
+        self.dataplane.set_timeouts(t)?;
+        self.dataplane.timeouts()
+    }
+
     /// A syncer whose first sync reads the kernel back.
     pub fn new(dataplane: D) -> Self {
         IpvsSyncer {
@@ -959,6 +1069,7 @@ impl<D: IpvsDataplane> IpvsSyncer<D> {
             committed: None,
             draining: 0,
             nodeport_ips: BTreeSet::new(),
+            exclude_cidrs: Vec::new(),
         }
     }
 
@@ -1079,7 +1190,7 @@ impl<D: IpvsDataplane> IpvsSyncer<D> {
         let current = self.dataplane.dump()?;
         let mut known = self.nodeport_ips.clone();
         known.extend(nodeport_ips.iter().copied());
-        let ops = cleanup_ops(&current, &known);
+        let ops = cleanup_ops(&current, &known, &self.exclude_cidrs);
         for op in &ops {
             self.dataplane.apply(op)?;
         }

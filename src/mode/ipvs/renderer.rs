@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 
 use kube_nlproxy_netlink::ipset::{IpsetMember, IpsetType};
-use kube_nlproxy_netlink::nft::Element;
+use kube_nlproxy_netlink::nft::{Element, KeyValue};
 
 use super::{
     IPSETS, IpsetSpec, IpvsDesired, IpvsOptions, VirtualServer, VsKey, family_of, ipset_name,
@@ -23,8 +23,13 @@ struct Contribution {
     bound_addrs: Vec<IpAddr>,
     /// `(ipset name, member)`.
     members: Vec<(String, IpsetMember)>,
+    /// Elements of the table's own sets and maps: `(family, set, element)`.
+    nft_elements: Vec<(IpFamily, String, Element)>,
     conflicts: Vec<String>,
 }
+
+/// A key of one of the table's own sets or maps.
+type NftKey = (IpFamily, String, Vec<KeyValue>);
 
 /// The keys an update touched: all a diff needs to look at.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -77,6 +82,9 @@ pub struct IpvsRenderer {
     claims: BTreeMap<VsKey, BTreeMap<ServicePortName, VirtualServer>>,
     addr_refs: BTreeMap<IpAddr, usize>,
     member_refs: BTreeMap<(String, IpsetMember), usize>,
+    /// Every port claiming a key of the table's own sets; the first in name
+    /// order has it.
+    nft_claims: BTreeMap<NftKey, BTreeMap<ServicePortName, Element>>,
     /// Source-range prefix lengths in use per family (one nft set and rule each).
     prefixes: BTreeMap<(IpFamily, u8), usize>,
     /// The aggregate, kept in step (`tables` stays empty: see [`Self::tables`]).
@@ -96,7 +104,7 @@ impl IpvsRenderer {
         };
         IpFamily::ALL
             .iter()
-            .map(|f| table(*f, &self.desired.ipsets, opts))
+            .map(|f| table(*f, &self.desired, opts))
             .collect()
     }
 
@@ -233,6 +241,45 @@ impl IpvsRenderer {
             }
             elements.add(spec, member);
         }
+        for (family, set, element) in &c.nft_elements {
+            let key = (*family, set.clone(), element.key.clone());
+            let claims = self.nft_claims.entry(key.clone()).or_default();
+            let before = claims.first_key_value().map(|(_, e)| e.clone());
+            claims.insert(name.clone(), element.clone());
+            let (_, first) = claims.first_key_value().expect("inserted above");
+            if before.as_ref() != Some(first) {
+                let first = first.clone();
+                self.set_nft_element(&key, before, Some(first), elements);
+            }
+        }
+    }
+
+    /// Replaces the element of `key` (`old` → `new`) in the desired state and
+    /// in the element changes.
+    fn set_nft_element(
+        &mut self,
+        key: &NftKey,
+        old: Option<Element>,
+        new: Option<Element>,
+        elements: &mut ElementChanges,
+    ) {
+        let (family, set, k) = key;
+        let map = self
+            .desired
+            .nft_elements
+            .entry((*family, set.clone()))
+            .or_default();
+        if let Some(old) = old {
+            map.remove(k);
+            elements.delete_raw(*family, set, old);
+        }
+        if let Some(new) = new {
+            map.insert(k.clone(), new.clone());
+            elements.add_raw(*family, set, new);
+        }
+        if map.is_empty() {
+            self.desired.nft_elements.remove(&(*family, set.clone()));
+        }
     }
 
     fn withdraw(
@@ -280,6 +327,21 @@ impl IpvsRenderer {
             }
             elements.delete(spec, member);
         }
+        for (family, set, element) in &c.nft_elements {
+            let key = (*family, set.clone(), element.key.clone());
+            let Some(claims) = self.nft_claims.get_mut(&key) else {
+                continue;
+            };
+            let before = claims.first_key_value().map(|(_, e)| e.clone());
+            claims.remove(name);
+            let after = claims.first_key_value().map(|(_, e)| e.clone());
+            if claims.is_empty() {
+                self.nft_claims.remove(&key);
+            }
+            if before != after {
+                self.set_nft_element(&key, before, after, elements);
+            }
+        }
     }
 }
 
@@ -302,6 +364,7 @@ fn decrement<K: Ord>(refs: &mut BTreeMap<K, usize>, key: &K) -> bool {
 pub(super) fn empty_desired(opts: &IpvsOptions) -> IpvsDesired {
     let mut d = IpvsDesired {
         nodeport_ips: opts.nodeport_ips.iter().copied().collect(),
+        exclude_cidrs: opts.exclude_cidrs.clone(),
         ..IpvsDesired::default()
     };
     for family in IpFamily::ALL {
@@ -336,6 +399,15 @@ fn contribution(
         .unwrap_or(&[]);
     service_port(&mut scratch, svc, family, endpoints, state, opts);
     Contribution {
+        nft_elements: scratch
+            .nft_elements
+            .into_iter()
+            .flat_map(|((family, set), elements)| {
+                elements
+                    .into_values()
+                    .map(move |e| (family, set.clone(), e))
+            })
+            .collect(),
         virtual_servers: scratch.virtual_servers.into_iter().collect(),
         bound_addrs: scratch.bound_addrs.into_iter().collect(),
         members: scratch
@@ -399,16 +471,24 @@ impl ElementChanges {
 
     fn add(&mut self, spec: &IpsetSpec, member: &IpsetMember) {
         let (set, element) = Self::mirror(spec, member);
-        let key = (spec.family, set);
+        self.add_raw(spec.family, &set, element);
+    }
+
+    fn delete(&mut self, spec: &IpsetSpec, member: &IpsetMember) {
+        let (set, element) = Self::mirror(spec, member);
+        self.delete_raw(spec.family, &set, element);
+    }
+
+    fn add_raw(&mut self, family: IpFamily, set: &str, element: Element) {
+        let key = (family, set.to_string());
         // Deleted and added back in one update: nothing changes.
         if !take(&mut self.delete, &key, &element) {
             self.add.entry(key).or_default().push(element);
         }
     }
 
-    fn delete(&mut self, spec: &IpsetSpec, member: &IpsetMember) {
-        let (set, element) = Self::mirror(spec, member);
-        let key = (spec.family, set);
+    fn delete_raw(&mut self, family: IpFamily, set: &str, element: Element) {
+        let key = (family, set.to_string());
         if !take(&mut self.add, &key, &element) {
             self.delete.entry(key).or_default().push(element);
         }
@@ -461,6 +541,7 @@ mod tests {
         assert_eq!(d.bound_addrs, fresh.bound_addrs);
         assert_eq!(d.ipsets, fresh.ipsets);
         assert_eq!(d.nodeport_ips, fresh.nodeport_ips);
+        assert_eq!(d.nft_elements, fresh.nft_elements);
         assert_eq!(renderer.tables(), fresh.tables);
     }
 

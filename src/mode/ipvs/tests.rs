@@ -60,6 +60,7 @@ pub(crate) fn opts() -> IpvsOptions {
         masquerade_all: false,
         local_detector: LocalDetector::Cidrs(vec!["10.244.0.0/16".parse().unwrap()]),
         masquerade_mark: 0x4000,
+        exclude_cidrs: vec![],
     }
 }
 
@@ -478,4 +479,212 @@ fn masquerade_all_and_no_detector() {
     let all = desired_ipvs(&ClusterState::default(), &o);
     // The ClusterIP masquerade rule exists only with a detector or masquerade-all.
     assert_eq!(all.rule_count(), none.rule_count() + 2);
+}
+
+fn short_circuit(d: &IpvsDesired, family: IpFamily) -> Vec<(Vec<KeyValue>, Vec<KeyValue>)> {
+    d.nft_elements
+        .get(&(family, SHORT_CIRCUIT.to_string()))
+        .map(|m| {
+            m.values()
+                .map(|e| (e.key.clone(), e.data.clone()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn no_local(d: &IpvsDesired, family: IpFamily) -> Vec<Vec<KeyValue>> {
+    d.nft_elements
+        .get(&(family, NO_LOCAL_ENDPOINTS.to_string()))
+        .map(|m| m.keys().cloned().collect())
+        .unwrap_or_default()
+}
+
+fn k3(addr: &str, port: u16) -> Vec<KeyValue> {
+    vec![
+        KeyValue::Addr(ip(addr)),
+        KeyValue::Proto(6),
+        KeyValue::Port(port),
+    ]
+}
+
+#[test]
+fn etp_local_short_circuits_every_external_entry_point_to_the_cluster_ip() {
+    let mut s = svc("web", "10.96.0.10");
+    s.external_ips = vec![ip("203.0.113.7")];
+    s.load_balancer_ips = vec![ip("198.51.100.1")];
+    s.node_port = Some(30080);
+    s.external_policy = TrafficPolicy::Local;
+    let with_local = state(vec![(
+        s.clone(),
+        vec![ep("10.244.1.5", false), ep("10.244.2.6", true)],
+    )]);
+    let d = desired_ipvs(&with_local, &opts());
+    let to_cip = vec![KeyValue::Addr(ip("10.96.0.10")), KeyValue::Port(80)];
+    let mut want: Vec<_> = [
+        k3("203.0.113.7", 80),
+        k3("198.51.100.1", 80),
+        k3("192.168.1.10", 30080),
+        k3("192.168.2.10", 30080),
+    ]
+    .into_iter()
+    .map(|k| (k, to_cip.clone()))
+    .collect();
+    want.sort();
+    assert_eq!(short_circuit(&d, IpFamily::V4), want);
+    assert!(no_local(&d, IpFamily::V4).is_empty());
+    let v4 = &d.tables[0];
+    assert_eq!(v4.sets[SHORT_CIRCUIT].elements.len(), 4);
+    assert_eq!(v4.sets[SHORT_CIRCUIT].set.data.len(), 2);
+
+    // Without a local endpoint: outside traffic to the same entry points is dropped.
+    let without = state(vec![(s.clone(), vec![ep("10.244.1.5", false)])]);
+    let d = desired_ipvs(&without, &opts());
+    assert_eq!(short_circuit(&d, IpFamily::V4).len(), 4);
+    assert_eq!(no_local(&d, IpFamily::V4).len(), 4);
+    // Without any endpoint the VSs refuse (as for eTP Cluster): no drop.
+    let d = desired_ipvs(&state(vec![(s.clone(), vec![])]), &opts());
+    assert!(no_local(&d, IpFamily::V4).is_empty());
+
+    // eTP Cluster: nothing to short-circuit.
+    s.external_policy = TrafficPolicy::Cluster;
+    let d = desired_ipvs(&state(vec![(s, vec![ep("10.244.1.5", false)])]), &opts());
+    assert!(short_circuit(&d, IpFamily::V4).is_empty());
+    assert!(no_local(&d, IpFamily::V4).is_empty());
+}
+
+#[test]
+fn etp_local_short_circuit_ipv6() {
+    let mut s = svc("web", "fd00:96::10");
+    s.load_balancer_ips = vec![ip("fd00:198::1")];
+    s.node_port = Some(30080);
+    s.external_policy = TrafficPolicy::Local;
+    let d = desired_ipvs(&state(vec![(s, vec![ep("fd00:244::5", false)])]), &opts());
+    assert_eq!(
+        short_circuit(&d, IpFamily::V6),
+        [
+            (
+                k3("fd00::10", 30080),
+                vec![KeyValue::Addr(ip("fd00:96::10")), KeyValue::Port(80)]
+            ),
+            (
+                k3("fd00:198::1", 80),
+                vec![KeyValue::Addr(ip("fd00:96::10")), KeyValue::Port(80)]
+            ),
+        ]
+    );
+    assert_eq!(no_local(&d, IpFamily::V6).len(), 2);
+    assert!(short_circuit(&d, IpFamily::V4).is_empty());
+    assert_eq!(d.tables[1].sets[SHORT_CIRCUIT].elements.len(), 2);
+}
+
+/// The short-circuit is set lookups: the rule count stays the same from 1 000 to
+/// 10 000 eTP Local services; only elements grow.
+#[test]
+fn short_circuit_rule_count_at_1k_and_10k_etp_local_services() {
+    let all_local = |n: usize| {
+        let mut s = many(n);
+        for svc in s.services.values_mut() {
+            svc.external_policy = TrafficPolicy::Local;
+            svc.node_port = svc.node_port.or(Some(31000));
+        }
+        s
+    };
+    let (s1, s10) = (all_local(1_000), all_local(10_000));
+    let (d1, d10) = (desired_ipvs(&s1, &opts()), desired_ipvs(&s10, &opts()));
+    let elements = |d: &IpvsDesired| {
+        d.tables
+            .iter()
+            .map(|t| t.sets[SHORT_CIRCUIT].elements.len())
+            .sum::<usize>()
+    };
+    eprintln!(
+        "ipvs mode, eTP Local: 1000 services -> {} nft rules, {} short-circuit elements; \
+         10000 services -> {} nft rules, {} short-circuit elements",
+        d1.rule_count(),
+        elements(&d1),
+        d10.rule_count(),
+        elements(&d10)
+    );
+    assert_eq!(d1.rule_count(), d10.rule_count());
+    assert!(elements(&d10) >= 10 * elements(&d1) - 10);
+    assert!(elements(&d1) > 1_000);
+}
+
+#[test]
+fn short_circuit_changes_are_element_deltas() {
+    let mut s = svc("web", "10.96.0.10");
+    s.load_balancer_ips = vec![ip("198.51.100.1")];
+    s.external_policy = TrafficPolicy::Local;
+    let mut state1 = many(1_000);
+    state1
+        .services
+        .insert((s.name.clone(), IpFamily::V4), s.clone());
+    state1
+        .endpoints
+        .insert(s.name.clone(), vec![ep("10.244.9.9", true)]);
+    let mut r = IpvsRenderer::default();
+    r.update(&state1, &opts());
+    // The local endpoint goes: one drop element added (and its hairpin member
+    // gone), no rule, the short-circuit untouched.
+    state1
+        .endpoints
+        .insert(s.name.clone(), vec![ep("10.244.9.9", false)]);
+    let u = r.update_changed(&state1, &opts(), &[s.name.clone()]);
+    assert_eq!(u.rendered, 1);
+    assert_eq!(u.nft.len(), 1);
+    let delta = &u.nft[0];
+    assert!(delta.chains.is_empty());
+    assert_eq!(
+        delta.delete_elements.keys().collect::<Vec<_>>(),
+        [LOOP_BACK]
+    );
+    assert_eq!(
+        delta.add_elements.keys().collect::<Vec<_>>(),
+        [NO_LOCAL_ENDPOINTS]
+    );
+    assert_eq!(delta.add_elements[NO_LOCAL_ENDPOINTS].len(), 1);
+    // The service goes to eTP Cluster: its short-circuit and drop elements go.
+    state1
+        .services
+        .get_mut(&(s.name.clone(), IpFamily::V4))
+        .unwrap()
+        .external_policy = TrafficPolicy::Cluster;
+    let u = r.update_changed(&state1, &opts(), &[s.name.clone()]);
+    let delta = &u.nft[0];
+    assert!(delta.chains.is_empty());
+    assert_eq!(delta.delete_elements[SHORT_CIRCUIT].len(), 1);
+    assert_eq!(delta.delete_elements[NO_LOCAL_ENDPOINTS].len(), 1);
+    assert_eq!(
+        r.desired().nft_elements,
+        desired_ipvs(&state1, &opts()).nft_elements
+    );
+}
+
+#[test]
+fn itp_local_without_local_endpoint_is_dropped() {
+    let mut s = svc("web", "10.96.0.10");
+    s.internal_policy = TrafficPolicy::Local;
+    let set = |d: &IpvsDesired| {
+        d.nft_elements
+            .get(&(IpFamily::V4, INTERNAL_NO_LOCAL_ENDPOINTS.to_string()))
+            .map(|m| m.keys().cloned().collect::<Vec<_>>())
+            .unwrap_or_default()
+    };
+    let d = desired_ipvs(
+        &state(vec![(s.clone(), vec![ep("10.244.1.5", false)])]),
+        &opts(),
+    );
+    assert_eq!(set(&d), [k3("10.96.0.10", 80)]);
+    assert_eq!(
+        d.tables[0].sets[INTERNAL_NO_LOCAL_ENDPOINTS].elements.len(),
+        1
+    );
+    let d = desired_ipvs(
+        &state(vec![(s.clone(), vec![ep("10.244.1.5", true)])]),
+        &opts(),
+    );
+    assert!(set(&d).is_empty());
+    // No endpoint at all: refused by the empty VS, as for any service.
+    let d = desired_ipvs(&state(vec![(s, vec![])]), &opts());
+    assert!(set(&d).is_empty());
 }

@@ -296,3 +296,80 @@ fn sysctls() {
     assert!(paths.contains(&"/proc/sys/net/ipv4/conf/all/arp_announce"));
     assert_eq!(ipvs_sysctls(false).len(), 5);
 }
+
+#[test]
+fn exclude_cidrs_keep_virtual_and_real_servers() {
+    // Two services and a real server synced; then the desired state drops a
+    // service and a real server, with both in --ipvs-exclude-cidrs.
+    let mut a = svc("a", "10.96.0.10");
+    a.node_port = None;
+    let b = svc("b", "10.97.0.10");
+    let before = desired(vec![
+        (
+            a.clone(),
+            vec![ep("10.244.1.5", false), ep("172.16.0.5", false)],
+        ),
+        (b, vec![ep("10.244.1.6", false)]),
+    ]);
+    let mut s = synced(&before);
+    let mut o = opts();
+    o.exclude_cidrs = vec![
+        "10.97.0.0/16".parse().unwrap(),
+        "172.16.0.0/12".parse().unwrap(),
+    ];
+    let after = desired_ipvs(&state(vec![(a, vec![ep("10.244.1.5", false)])]), &o);
+    s.request_full_sync();
+    let out = s.sync(&after).unwrap();
+    assert!(!out.ops.contains_key("del-vs"), "{:?}", out.ops);
+    assert!(!out.ops.contains_key("del-rs"), "{:?}", out.ops);
+    let f = s.dataplane();
+    assert_eq!(vs_dests(f, "10.97.0.10", 80).len(), 1, "excluded VS kept");
+    assert_eq!(
+        vs_dests(f, "10.96.0.10", 80).keys().collect::<Vec<_>>(),
+        ["10.244.1.5:8080", "172.16.0.5:8080"],
+        "excluded real server kept"
+    );
+    // Without the exclusion the same sync deletes both.
+    let mut s2 = synced(&before);
+    let plain = desired_ipvs(
+        &state(vec![(
+            svc("a", "10.96.0.10"),
+            vec![ep("10.244.1.5", false)],
+        )]),
+        &opts(),
+    );
+    let out = s2.sync(&plain).unwrap();
+    assert!(out.ops.contains_key("del-vs"), "{:?}", out.ops);
+    // Cleanup keeps the excluded VS too.
+    s.set_exclude_cidrs(o.exclude_cidrs.clone());
+    s.cleanup(&BTreeSet::new()).unwrap();
+    let left: Vec<IpAddr> = s
+        .dataplane()
+        .state
+        .services
+        .keys()
+        .map(|k| k.addr)
+        .collect();
+    assert_eq!(left, [ip("10.97.0.10")]);
+}
+
+#[test]
+fn timeouts_are_set_and_read_back() {
+    let mut s = IpvsSyncer::new(FakeIpvs::default());
+    let t = s
+        .set_timeouts(&IpvsTimeouts {
+            tcp: 0,
+            tcp_fin: 5,
+            udp: 7,
+        })
+        .unwrap();
+    // 0 leaves the kernel's value.
+    assert_eq!(
+        t,
+        IpvsTimeouts {
+            tcp: 900,
+            tcp_fin: 5,
+            udp: 7
+        }
+    );
+}
