@@ -548,6 +548,7 @@ fn table(family: IpFamily, ipsets: &BTreeMap<String, IpsetSpec>, opts: &IpvsOpti
                 &spec.name,
                 nft_element(m, port_set_protocol(&spec.name)),
                 None,
+                None,
             );
         }
     }
@@ -560,7 +561,7 @@ fn table(family: IpFamily, ipsets: &BTreeMap<String, IpsetSpec>, opts: &IpvsOpti
             SetFlags::default(),
         );
         for m in members {
-            t.element(&name, nft_element(m, 0), None);
+            t.element(&name, nft_element(m, 0), None, None);
         }
     }
 

@@ -314,7 +314,13 @@ fn layout_changed(current: Current<'_>, desired: &TableSpec) -> bool {
     let base_changed = desired
         .chains
         .iter()
-        .any(|(name, spec)| current.chain(name).is_some_and(|(c, _)| *c != spec.chain))
+        // By hook only: a chain's comment is for people, and one adopted from an
+        // older version without it keeps working as it is.
+        .any(|(name, spec)| {
+            current
+                .chain(name)
+                .is_some_and(|(c, _)| c.base != spec.chain.base)
+        })
         || current
             .chains()
             .iter()
