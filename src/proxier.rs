@@ -37,6 +37,9 @@ pub enum ProxierError {
     /// A sync failed.
     #[error("sync")]
     Driver(#[from] DriverError),
+    /// A command's argument is not usable.
+    #[error("{0}")]
+    Argument(String),
     /// `--once`: the kernel does not match after the sync.
     #[error("the kernel does not match the desired state after the sync: {0}")]
     Mismatch(String),
@@ -105,20 +108,22 @@ pub async fn plan(cfg: &Config) -> Result<(), ProxierError> {
         ProxyMode::Nftables => plan_with(nftables_driver(cfg)?, changes)?,
         ProxyMode::Ipvs => plan_with(ipvs_driver(cfg, false)?, changes)?,
     };
-    for op in &ops {
-        println!("{op}");
+    match cfg.output {
+        crate::config::Output::Text => {
+            print!("{}", crate::driver::plan::render_text(&ops));
+            for line in &summary {
+                eprintln!("desired {line}");
+            }
+        }
+        crate::config::Output::Json => println!("{}", crate::driver::plan::render_json(&ops)),
     }
-    for line in &summary {
-        eprintln!("desired {line}");
-    }
-    eprintln!("{} operations", ops.len());
     Ok(())
 }
 
 fn plan_with<M: Mode, H: Host>(
     mut driver: Driver<M, H>,
     changes: ObjectChanges,
-) -> Result<(Vec<String>, Vec<String>), ProxierError> {
+) -> Result<(Vec<crate::driver::plan::PlannedOp>, Vec<String>), ProxierError> {
     let ops = driver.plan(changes)?;
     Ok((ops, driver.mode().summary()))
 }
@@ -250,4 +255,136 @@ async fn run_with<M: Mode, H: Host>(
     // capabilities were dropped.
     let source = start_source(cfg).await?;
     Ok(crate::daemon::run(cfg, source.as_ref(), &mut driver).await?)
+}
+
+/// `IP:PORT[/tcp|udp|sctp]` (IPv6 as `[ADDR]:PORT`): address, protocol
+/// number, port.
+pub fn parse_target(s: &str) -> Result<(std::net::IpAddr, u8, u16), String> {
+    let (addr_port, proto) = match s.rsplit_once('/') {
+        Some((a, p)) => (a, p),
+        None => (s, "tcp"),
+    };
+    let proto = match proto.to_ascii_lowercase().as_str() {
+        "tcp" => 6,
+        "udp" => 17,
+        "sctp" => 132,
+        other => return Err(format!("unknown protocol {other:?} (tcp, udp or sctp)")),
+    };
+    let sock: std::net::SocketAddr = addr_port
+        .parse()
+        .map_err(|e| format!("{addr_port:?} is not IP:PORT ([IPv6]:PORT): {e}"))?;
+    Ok((sock.ip(), proto, sock.port()))
+}
+
+/// `kube-nlproxy explain`: where a new connection would go, from our nft table
+/// in the kernel; with `--source`, also from the desired state, and where the
+/// two disagree. Returns the exit status (see `Outcome::exit_code`).
+pub async fn explain(cfg: &Config) -> Result<u8, ProxierError> {
+    use crate::sync::explain::{Query, TableView, disagreements, explain, render_text};
+    use kube_nlproxy_netlink::nft::{Family, NftSocket};
+    let target = cfg
+        .explain_target
+        .as_deref()
+        .ok_or_else(|| ProxierError::Argument("explain needs IP:PORT[/PROTO]".into()))?;
+    let (daddr, proto, dport) = parse_target(target).map_err(ProxierError::Argument)?;
+    if let Some(s) = cfg.explain_from
+        && s.is_ipv4() != daddr.is_ipv4()
+    {
+        return Err(ProxierError::Argument(format!(
+            "--from {s} and {daddr} are of different families"
+        )));
+    }
+    let family = Family::of(&daddr);
+    let mut sock = NftSocket::new().map_err(SyncError::Socket)?;
+    let state = sock
+        .dump_table(family, crate::mode::nftables::TABLE)
+        .map_err(|source| SyncError::DumpFailed {
+            family: family.nft_name(),
+            source,
+        })?;
+    let view = state
+        .as_ref()
+        .map(TableView::from_kernel)
+        .unwrap_or_default();
+    let local_addresses = kube_nlproxy_netlink::addr::list_addresses()
+        .map(|l| l.into_iter().map(|a| a.addr).collect())
+        .unwrap_or_else(|e| {
+            tracing::warn!("explain without the node's addresses: {e}");
+            Vec::new()
+        });
+    let nodeport_all = view.sets.get("nodeport-ips").is_none_or(|s| s.is_empty());
+    let mut query = Query {
+        daddr,
+        proto,
+        dport,
+        saddr: cfg.explain_from,
+        local_addresses,
+        nodeport_all,
+        local_detector: crate::driver::local_detector(cfg, &Default::default()),
+        masquerade_all: cfg.masquerade_all,
+    };
+    let mut kernel = explain(&view, &query);
+    if state.is_none() {
+        kernel.problems.push(format!(
+            "no table {} {} in the kernel: kube-nlproxy has not synced here (or it was deleted)",
+            family.nft_name(),
+            crate::mode::nftables::TABLE
+        ));
+    }
+    // With a source: the desired state, explained the same way.
+    let mut disagree = None;
+    if cfg.source_given {
+        let objects = load_objects(cfg).await?;
+        let changes = ObjectChanges::everything(objects);
+        let mut driver = nftables_driver(cfg)?;
+        let pending = driver.plan(changes)?;
+        query.local_detector = crate::driver::local_detector(cfg, driver.state());
+        let tables = driver.mode().renderer().tables();
+        if let Some(t) = tables.iter().find(|t| t.family == family) {
+            let desired = explain(&TableView::from_spec(t), &query);
+            let mut d = disagreements(&kernel, &desired);
+            let pending: Vec<String> = pending
+                .iter()
+                .filter(|p| p.service.is_some() && p.service == desired.service)
+                .map(|p| format!("the next sync would send `{} {}`", p.op, p.text))
+                .collect();
+            d.extend(pending);
+            disagree = Some(d);
+        }
+    }
+    let code = kernel.outcome.exit_code();
+    match cfg.output {
+        crate::config::Output::Text => {
+            print!("{}", render_text(&query, &kernel, disagree.as_deref()))
+        }
+        crate::config::Output::Json => {
+            #[derive(serde::Serialize)]
+            struct Out<'a> {
+                target: String,
+                from: Option<std::net::IpAddr>,
+                #[serde(flatten)]
+                kernel: &'a crate::sync::explain::Explanation,
+                exit_code: u8,
+                disagreements: Option<&'a [String]>,
+            }
+            let out = Out {
+                target: target.to_string(),
+                from: cfg.explain_from,
+                kernel: &kernel,
+                exit_code: code,
+                disagreements: disagree.as_deref(),
+            };
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&out)
+                    .unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+            );
+        }
+    }
+    Ok(code)
+}
+
+/// `kube-nlproxy status`: not yet (see README).
+pub async fn status(_cfg: &Config) -> Result<(), ProxierError> {
+    Err(ProxierError::Argument("status: not implemented yet".into()))
 }
