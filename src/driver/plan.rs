@@ -9,11 +9,11 @@
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 
-use kube_nlproxy_netlink::nft::codec::fmt_element;
 use kube_nlproxy_netlink::nft::{Element, Op};
 use serde::Serialize;
 
 use crate::model::{ClusterState, ServicePortName};
+use crate::sync::explain::element_text;
 use crate::sync::ipvs::IpvsOp;
 use crate::sync::service_of_comment;
 
@@ -44,13 +44,7 @@ pub fn nft_planned(ops: &[Op]) -> Vec<PlannedOp> {
             .as_deref()
             .and_then(|c| service_of_comment(c).map(|_| c.to_string())),
         op: sign,
-        text: format!(
-            "element {family} {set} {}",
-            fmt_element(&Element {
-                comment: None,
-                ..e.clone()
-            })
-        ),
+        text: format!("element {family} {set} {}", element_text(e)),
         address: None,
     };
     for op in ops {

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use ipnet::IpNet;
-use kube_nlproxy_netlink::nft::codec::fmt_element;
+use kube_nlproxy_netlink::nft::codec::{fmt_element, fmt_key_value};
 use kube_nlproxy_netlink::nft::{Element, KeyValue, TableState};
 use serde::Serialize;
 
@@ -170,14 +170,30 @@ fn show(set: SetId, e: &Element) -> String {
         .as_deref()
         .map(|c| format!("  # {c}"))
         .unwrap_or_default();
-    format!(
-        "@{} {}{c}",
-        set.name(),
-        fmt_element(&Element {
+    format!("@{} {}{c}", set.name(), element_text(e))
+}
+
+/// An element as `key . key : data . data` (verdict maps: `: verdict`), counts
+/// and indexes in decimal, without its comment.
+pub fn element_text(e: &Element) -> String {
+    let field = |k: &KeyValue| match k {
+        KeyValue::Mark(n) => n.to_string(),
+        other => fmt_key_value(other),
+    };
+    let key: Vec<String> = e.key.iter().map(field).collect();
+    let mut out = key.join(" . ");
+    if e.verdict.is_some() {
+        let v = fmt_element(&Element {
+            key: Vec::new(),
             comment: None,
             ..e.clone()
-        })
-    )
+        });
+        out.push_str(&v);
+    } else if !e.data.is_empty() {
+        let data: Vec<String> = e.data.iter().map(field).collect();
+        out = format!("{out} : {}", data.join(" . "));
+    }
+    out
 }
 
 fn proto_name(p: u8) -> String {
@@ -518,7 +534,7 @@ pub fn explain(view: &TableView, q: &Query) -> Explanation {
                 let target = a
                     .data
                     .iter()
-                    .map(kube_nlproxy_netlink::nft::codec::fmt_key_value)
+                    .map(fmt_key_value)
                     .collect::<Vec<_>>()
                     .join(":");
                 ex.affinity = Some(format!("{s} -> {target} (@affinity)"));
