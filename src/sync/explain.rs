@@ -690,3 +690,188 @@ pub fn render_text(q: &Query, ex: &Explanation, disagree: Option<&[String]>) -> 
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mode::nftables::{NftablesOptions, NodePortAddresses, desired_table};
+    use crate::model::{
+        ClusterState, Endpoint, IpFamily, NodeInfo, Protocol, ServicePort, ServicePortName,
+        TrafficPolicy,
+    };
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn view(svc: ServicePort, eps: Vec<Endpoint>) -> TableView {
+        let mut state = ClusterState {
+            node: NodeInfo {
+                name: "node-a".into(),
+                ips: vec![ip("10.77.0.1")],
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        state.endpoints.insert(svc.name.clone(), eps);
+        state.services.insert((svc.name.clone(), IpFamily::V4), svc);
+        let opts = NftablesOptions {
+            masquerade_all: false,
+            local_detector: detector(),
+            nodeport_addresses: NodePortAddresses::Ips(vec![ip("10.77.0.1")]),
+            masquerade_mark: 0x4000,
+        };
+        TableView::from_spec(&desired_table(&state, &opts, IpFamily::V4))
+    }
+
+    fn detector() -> LocalDetector {
+        LocalDetector::Cidrs(vec!["10.244.0.0/16".parse().unwrap()])
+    }
+
+    fn svc() -> ServicePort {
+        let name = ServicePortName {
+            namespace: "default".into(),
+            name: "web".into(),
+            port_name: "http".into(),
+            protocol: Protocol::Tcp,
+        };
+        ServicePort {
+            node_port: Some(30080),
+            ..ServicePort::new(name, IpFamily::V4, Some(ip("10.96.0.10")), 80)
+        }
+    }
+
+    fn q(daddr: &str, dport: u16, from: Option<&str>) -> Query {
+        Query {
+            daddr: ip(daddr),
+            proto: 6,
+            dport,
+            saddr: from.map(ip),
+            local_addresses: vec![ip("10.77.0.1")],
+            nodeport_all: false,
+            local_detector: detector(),
+            masquerade_all: false,
+        }
+    }
+
+    fn two() -> Vec<Endpoint> {
+        vec![
+            Endpoint::ready(ip("10.244.1.5"), 8080, true),
+            Endpoint::ready(ip("10.244.2.5"), 8080, false),
+        ]
+    }
+
+    #[test]
+    fn clusterip_from_a_pod_is_served_unmasqueraded() {
+        let ex = explain(
+            &view(svc(), two()),
+            &q("10.96.0.10", 80, Some("10.244.1.9")),
+        );
+        assert_eq!(ex.outcome, Outcome::Served);
+        assert_eq!(ex.service.as_deref(), Some("default/web:http"));
+        assert_eq!(ex.matched_by.as_deref(), Some("ClusterIP"));
+        let c: Vec<&str> = ex.candidates.iter().map(|c| c.endpoint.as_str()).collect();
+        assert_eq!(c, ["10.244.1.5:8080", "10.244.2.5:8080"]);
+        assert_eq!(ex.masquerade, Some(false));
+        // From outside the cluster: masqueraded; without --from: it depends.
+        let ex = explain(&view(svc(), two()), &q("10.96.0.10", 80, Some("192.0.2.1")));
+        assert_eq!(ex.masquerade, Some(true));
+        let ex = explain(&view(svc(), two()), &q("10.96.0.10", 80, None));
+        assert_eq!(ex.masquerade, None);
+        assert_eq!(ex.outcome.exit_code(), 0);
+    }
+
+    #[test]
+    fn nodeport_from_outside_is_masqueraded() {
+        let ex = explain(
+            &view(svc(), two()),
+            &q("10.77.0.1", 30080, Some("192.0.2.1")),
+        );
+        assert_eq!(ex.outcome, Outcome::Served);
+        assert_eq!(ex.matched_by.as_deref(), Some("NodePort"));
+        assert_eq!(ex.candidates.len(), 2);
+        assert_eq!(ex.masquerade, Some(true));
+        // Not a NodePort address: not a service.
+        let ex = explain(&view(svc(), two()), &q("10.77.0.9", 30080, None));
+        assert_eq!(ex.outcome, Outcome::NotAService);
+        assert_eq!(ex.outcome.exit_code(), 5);
+    }
+
+    #[test]
+    fn no_endpoints_rejects_unknown_port_rejects() {
+        let ex = explain(&view(svc(), vec![]), &q("10.96.0.10", 80, None));
+        assert_eq!(ex.outcome, Outcome::Rejected);
+        assert!(ex.decided_by.unwrap().contains("no-endpoint-reject-ips"));
+        let ex = explain(&view(svc(), two()), &q("10.96.0.10", 81, None));
+        assert_eq!(ex.outcome, Outcome::Rejected);
+        assert!(ex.decided_by.unwrap().contains("cluster-ips"));
+        assert_eq!(Outcome::Rejected.exit_code(), 3);
+    }
+
+    #[test]
+    fn external_local_without_local_endpoint_drops_outside_traffic_only() {
+        let s = ServicePort {
+            external_policy: TrafficPolicy::Local,
+            ..svc()
+        };
+        let remote = vec![Endpoint::ready(ip("10.244.2.5"), 8080, false)];
+        let ex = explain(
+            &view(s.clone(), remote.clone()),
+            &q("10.77.0.1", 30080, Some("192.0.2.1")),
+        );
+        assert_eq!(ex.outcome, Outcome::Dropped);
+        assert_eq!(ex.outcome.exit_code(), 4);
+        // The node itself is short-circuited to the cluster endpoints.
+        let ex = explain(
+            &view(s.clone(), remote),
+            &q("10.77.0.1", 30080, Some("10.77.0.1")),
+        );
+        assert_eq!(ex.outcome, Outcome::Served);
+        assert_eq!(ex.masquerade, Some(true));
+        // With a local endpoint: outside traffic goes to it, unmasqueraded.
+        let ex = explain(&view(s, two()), &q("10.77.0.1", 30080, Some("192.0.2.1")));
+        assert_eq!(ex.outcome, Outcome::Served);
+        let c: Vec<&str> = ex.candidates.iter().map(|c| c.endpoint.as_str()).collect();
+        assert_eq!(c, ["10.244.1.5:8080"]);
+        assert_eq!(ex.masquerade, Some(false));
+        assert!(ex.endpoints_from.unwrap().contains("this node's endpoints"));
+    }
+
+    #[test]
+    fn a_missing_endpoint_element_is_a_problem_and_a_disagreement() {
+        let desired = view(svc(), two());
+        let mut kernel = desired.clone();
+        kernel
+            .sets
+            .get_mut("endpoints-ips")
+            .unwrap()
+            .retain(|e| e.key.last() != Some(&KeyValue::Mark(1)));
+        let query = q("10.96.0.10", 80, Some("10.244.1.9"));
+        let k = explain(&kernel, &query);
+        assert!(
+            k.problems
+                .iter()
+                .any(|p| p.contains("endpoint 1 of 2 is missing"))
+        );
+        let d = disagreements(&k, &explain(&desired, &query));
+        assert_eq!(d.len(), 1, "{d:?}");
+        assert!(d[0].starts_with("endpoints:"));
+        assert!(disagreements(&explain(&desired, &query), &explain(&desired, &query)).is_empty());
+    }
+
+    #[test]
+    fn source_ranges_drop_other_sources() {
+        let s = ServicePort {
+            load_balancer_ips: vec![ip("192.0.2.50")],
+            load_balancer_source_ranges: vec!["198.51.100.0/24".parse().unwrap()],
+            ..svc()
+        };
+        let v = view(s, two());
+        let ex = explain(&v, &q("192.0.2.50", 80, Some("203.0.113.1")));
+        assert_eq!(ex.outcome, Outcome::Dropped);
+        assert!(ex.decided_by.unwrap().contains("loadBalancerSourceRanges"));
+        let ex = explain(&v, &q("192.0.2.50", 80, Some("198.51.100.7")));
+        assert_eq!(ex.outcome, Outcome::Served);
+        assert_eq!(ex.matched_by.as_deref(), Some("external IP or LB IP"));
+    }
+}
