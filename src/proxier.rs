@@ -384,7 +384,177 @@ pub async fn explain(cfg: &Config) -> Result<u8, ProxierError> {
     Ok(code)
 }
 
-/// `kube-nlproxy status`: not yet (see README).
-pub async fn status(_cfg: &Config) -> Result<(), ProxierError> {
-    Err(ProxierError::Argument("status: not implemented yet".into()))
+/// `/status` of a daemon on `addr` (the metrics port), if one answers.
+fn daemon_status(addr: &str) -> Option<crate::serve::status::StatusInfo> {
+    use std::io::{Read, Write};
+    let mut sock: std::net::SocketAddr = addr.parse().ok()?;
+    if sock.ip().is_unspecified() {
+        sock.set_ip(match sock {
+            std::net::SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+            std::net::SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+        });
+    }
+    let timeout = Duration::from_secs(1);
+    let mut s = std::net::TcpStream::connect_timeout(&sock, timeout).ok()?;
+    s.set_read_timeout(Some(timeout)).ok()?;
+    s.write_all(b"GET /status HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        .ok()?;
+    let mut body = Vec::new();
+    s.take(1 << 20).read_to_end(&mut body).ok()?;
+    let text = String::from_utf8_lossy(&body);
+    let (_, json) = text.split_once("\r\n\r\n")?;
+    serde_json::from_str(json).ok()
+}
+
+/// What our nft tables in the kernel hold, per family.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct KernelTableStatus {
+    /// `ip` / `ip6`
+    pub family: &'static str,
+    /// Whether the table exists.
+    pub exists: bool,
+    /// Chains, rules, sets.
+    pub chains: usize,
+    /// Rules over all chains.
+    pub rules: usize,
+    /// Sets and maps.
+    pub sets: usize,
+    /// Elements over all sets (packet-made affinity entries included).
+    pub elements: usize,
+    /// Services (`ns/name`) named by an element.
+    pub services: usize,
+    /// Service ports (`ns/name:port`) named by an element.
+    pub service_ports: usize,
+    /// Endpoint elements (entry point x endpoint).
+    pub endpoint_elements: usize,
+    /// Rules without our fingerprint: changed behind our back.
+    pub foreign_rules: Vec<String>,
+}
+
+/// `kube-nlproxy status`: the daemon's `/status` when one answers on
+/// `--metrics-bind-address`, and what our tables in the kernel hold.
+pub async fn status(cfg: &Config) -> Result<(), ProxierError> {
+    use kube_nlproxy_netlink::nft::{Family, NftSocket};
+    let daemon = daemon_status(&cfg.metrics_bind_address);
+    let mut sock = NftSocket::new().map_err(SyncError::Socket)?;
+    let mut tables = Vec::new();
+    for family in [Family::Ipv4, Family::Ipv6] {
+        let state = sock
+            .dump_table(family, crate::mode::nftables::TABLE)
+            .map_err(|source| SyncError::DumpFailed {
+                family: family.nft_name(),
+                source,
+            })?;
+        let mut t = KernelTableStatus {
+            family: family.nft_name(),
+            ..Default::default()
+        };
+        if let Some(st) = state {
+            t.exists = true;
+            t.chains = st.chains.len();
+            t.rules = st.rules.values().map(Vec::len).sum();
+            t.sets = st.sets.len();
+            t.elements = st.elements.values().map(Vec::len).sum();
+            let mut services = std::collections::BTreeSet::new();
+            let mut ports = std::collections::BTreeSet::new();
+            for e in st.elements.values().flatten() {
+                if let Some(c) = e.comment.as_deref()
+                    && let Some(s) = crate::sync::service_of_comment(c)
+                {
+                    services.insert(s.to_string());
+                    ports.insert(c.to_string());
+                }
+            }
+            t.services = services.len();
+            t.service_ports = ports.len();
+            t.endpoint_elements = st
+                .elements
+                .iter()
+                .filter(|(n, _)| n.starts_with("endpoints-"))
+                .map(|(_, e)| e.len())
+                .sum();
+            t.foreign_rules = crate::sync::explain::TableView::from_kernel(&st).foreign_rules;
+        }
+        tables.push(t);
+    }
+    match cfg.output {
+        crate::config::Output::Json => {
+            #[derive(serde::Serialize)]
+            struct Out<'a> {
+                daemon: Option<&'a crate::serve::status::StatusInfo>,
+                kernel: &'a [KernelTableStatus],
+            }
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&Out {
+                    daemon: daemon.as_ref(),
+                    kernel: &tables,
+                })
+                .unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+            );
+        }
+        crate::config::Output::Text => {
+            match &daemon {
+                Some(d) => {
+                    println!("daemon ({}/status):", cfg.metrics_bind_address);
+                    println!("  mode:          {}", d.mode);
+                    println!("  node:          {}", d.node);
+                    println!("  service ports: {}", d.service_ports);
+                    let ago = d.last_sync_unix.map(|t| {
+                        let now = std::time::SystemTime::now()
+                            .duration_since(std::time::UNIX_EPOCH)
+                            .map(|d| d.as_secs_f64())
+                            .unwrap_or(t);
+                        format!("{:.1}s ago", (now - t).max(0.0))
+                    });
+                    println!(
+                        "  last sync:     {} ({} ms, {})",
+                        ago.unwrap_or_else(|| "never".into()),
+                        d.last_sync_ms
+                            .map(|m| format!("{m:.1}"))
+                            .unwrap_or("-".into()),
+                        match d.last_sync_full {
+                            Some(true) => "read back",
+                            Some(false) => "delta",
+                            None => "-",
+                        }
+                    );
+                    println!(
+                        "  syncs:         {} ok, {} failed",
+                        d.syncs, d.sync_failures
+                    );
+                    println!(
+                        "  last error:    {}",
+                        d.last_error.as_deref().unwrap_or("none")
+                    );
+                    println!("  drift repairs: {}", d.drift_repairs);
+                }
+                None => println!(
+                    "no daemon answers on {} (/status); from the kernel only:",
+                    cfg.metrics_bind_address
+                ),
+            }
+            for t in &tables {
+                if !t.exists {
+                    println!("table {} kube-nlproxy: absent", t.family);
+                    continue;
+                }
+                println!(
+                    "table {} kube-nlproxy: {} services ({} ports), {} endpoint elements; {} chains, {} rules, {} sets, {} elements",
+                    t.family,
+                    t.services,
+                    t.service_ports,
+                    t.endpoint_elements,
+                    t.chains,
+                    t.rules,
+                    t.sets,
+                    t.elements
+                );
+                for r in &t.foreign_rules {
+                    println!("  ! not ours (changed behind our back): {r}");
+                }
+            }
+        }
+    }
+    Ok(())
 }

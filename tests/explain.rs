@@ -239,3 +239,123 @@ fn explain_predicts_what_connections_do() {
     assert_eq!(v["disagreements"], serde_json::json!([]), "{v}");
     assert_eq!(v["problems"], serde_json::json!([]), "{v}");
 }
+
+/// `status` from the running daemon (`/status` on its metrics port) and, with
+/// no daemon, from the kernel; a rule added behind our back is counted as a
+/// drift repair by the daemon and named by the kernel-only status.
+#[test]
+fn status_from_the_daemon_and_from_the_kernel() {
+    let mut t = Topo::new();
+    t.add_pod("a", Where::Local);
+    t.add_pod("b", Where::Remote);
+    let mut p = Proxy::new(&t, BIN);
+    p.args.extend(
+        ["--metrics-bind-address", "127.0.0.1:10249"]
+            .iter()
+            .map(|s| s.to_string()),
+    );
+    p.write(&cluster(&[
+        Svc::new(
+            "web",
+            "ClusterIP",
+            &[VIP],
+            vec![port("echo", "TCP", 80, 8080)],
+        )
+        .yaml(),
+        slice(
+            "web",
+            "v4",
+            false,
+            &[("echo", "TCP", 8080)],
+            &t.eps(&["a", "b"], false),
+        ),
+    ]));
+    p.start();
+    assert!(
+        p.wait_table(Duration::from_secs(10), |s| s.contains(VIP)),
+        "the daemon synced"
+    );
+    let status = |p: &Proxy| -> serde_json::Value {
+        let out = p.command_bare(
+            &["status"],
+            &[
+                "--metrics-bind-address",
+                "127.0.0.1:10249",
+                "--output",
+                "json",
+            ],
+        );
+        assert!(out.status.success(), "{}", text(&out));
+        json(&out)
+    };
+    // The daemon answers once its first sync is recorded.
+    let mut v = status(&p);
+    for _ in 0..50 {
+        if v["daemon"]["syncs"].as_u64().unwrap_or(0) > 0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        v = status(&p);
+    }
+    assert_eq!(v["daemon"]["mode"], "nftables", "{v}");
+    assert_eq!(v["daemon"]["node"], "node-a", "{v}");
+    assert_eq!(v["daemon"]["last_error"], serde_json::Value::Null, "{v}");
+    assert_eq!(v["daemon"]["drift_repairs"], 0, "{v}");
+    assert_eq!(v["kernel"][0]["services"], 1, "{v}");
+    assert_eq!(v["kernel"][0]["endpoint_elements"], 2, "{v}");
+    // Behind our back: a rule in our chain. The drift check (every second)
+    // finds it and repairs; status counts it.
+    sh(&[
+        "ip",
+        "netns",
+        "exec",
+        &p.ns,
+        "nft",
+        "add",
+        "rule",
+        "ip",
+        "kube-nlproxy",
+        "services",
+        "counter",
+    ]);
+    let mut repaired = false;
+    for _ in 0..50 {
+        std::thread::sleep(Duration::from_millis(100));
+        let v = status(&p);
+        if v["daemon"]["drift_repairs"].as_u64().unwrap_or(0) >= 1
+            && v["kernel"][0]["foreign_rules"] == serde_json::json!([])
+        {
+            repaired = true;
+            break;
+        }
+    }
+    assert!(repaired, "status shows the drift repair: {}", status(&p));
+    // No daemon: status reads the kernel, and names a foreign rule.
+    p.stop();
+    sh(&[
+        "ip",
+        "netns",
+        "exec",
+        &p.ns,
+        "nft",
+        "add",
+        "rule",
+        "ip",
+        "kube-nlproxy",
+        "services",
+        "counter",
+    ]);
+    let v = status(&p);
+    assert_eq!(v["daemon"], serde_json::Value::Null, "{v}");
+    assert_eq!(v["kernel"][0]["services"], 1, "{v}");
+    assert!(
+        v["kernel"][0]["foreign_rules"]
+            .to_string()
+            .contains("services"),
+        "{v}"
+    );
+    let out = p.command_bare(&["status"], &["--metrics-bind-address", "127.0.0.1:10249"]);
+    let s = text(&out);
+    assert!(s.contains("no daemon answers"), "{s}");
+    assert!(s.contains("changed behind our back"), "{s}");
+}
