@@ -1315,8 +1315,8 @@ pub fn chain_comment(name: &str) -> Option<String> {
             "kube-nlproxy: services without endpoints, source ranges, this node's traffic"
         }
         "filter-output-post-dnat" => "kube-nlproxy: unknown ClusterIP ports, this node's traffic",
-        "nat-prerouting" => "kube-nlproxy: service DNAT of incoming traffic",
-        "nat-output" => "kube-nlproxy: service DNAT of this node's traffic",
+        "nat-prerouting" => "kube-nlproxy: services, incoming traffic",
+        "nat-output" => "kube-nlproxy: services, this node's traffic",
         "nat-postrouting" => "kube-nlproxy: masquerade and session affinity",
         MARK_FOR_MASQUERADE => "mark a connection for masquerade",
         MASQUERADING => "record session affinity, masquerade marked connections",
