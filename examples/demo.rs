@@ -68,6 +68,26 @@ fn run() -> Result<(), String> {
     let chains = p.table().map(|t| t.matches("chain ").count()).unwrap_or(0);
     println!("  synced: table ip kube-nlproxy has {chains} chains\n");
 
+    // What explain predicts, read from the kernel, before the requests.
+    for (target, from) in [
+        ("10.96.0.10:80/tcp", client.v4.to_string()),
+        ("10.77.0.1:30080/tcp", "10.77.0.100".to_string()),
+    ] {
+        println!("  $ kube-nlproxy explain {target} --from {from}");
+        let out = p.command(&["explain"], &[target, "--from", &from]);
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            println!("    {line}");
+        }
+        if out.status.code() != Some(0) {
+            return Err(format!(
+                "explain {target} exited {:?}: {}",
+                out.status.code(),
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+    }
+    println!();
+
     let mut ok = true;
     let mut backends = std::collections::BTreeSet::new();
     println!(

@@ -203,6 +203,9 @@ impl<M: Mode, H: Host> Daemon<'_, M, H> {
                     crate::ErrorChain(&e)
                 );
                 self.metrics.inc_sync_failures();
+                self.metrics
+                    .status
+                    .sync_failed(crate::ErrorChain(&e).to_string());
                 // The kernel is behind what we want: a periodic resync that
                 // keeps failing must turn /healthz 503 after the health timeout
                 // even when no change is queued (kubernetes#142068). The next
@@ -250,6 +253,14 @@ impl<M: Mode, H: Host> Daemon<'_, M, H> {
         self.health.updated();
         self.metrics.observe_sync_duration(elapsed);
         self.metrics.set_last_sync_now();
+        self.metrics
+            .status
+            .set_identity(self.driver.mode().name(), &self.driver.state().node.name);
+        self.metrics.status.sync_ok(
+            elapsed,
+            synced.report.full,
+            self.driver.state().services.len(),
+        );
         self.metrics
             .set_sync_operations(synced.report.ops.iter().map(|(k, v)| (*k, *v)));
         self.metrics.set_endpoint_changes_pending(0);
@@ -420,6 +431,7 @@ pub async fn run<M: Mode, H: Host>(
                 Ok(false) => {}
                 Ok(true) => {
                     tracing::warn!("our kernel objects were changed by someone else; repairing");
+                    metrics.status.drift_found();
                     runner.request();
                 }
                 Err(e) => tracing::debug!("drift check: {}", crate::ErrorChain(&e)),

@@ -75,13 +75,16 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match cfg.command {
-            Command::Run => proxier::run(&cfg).await,
-            Command::Plan => proxier::plan(&cfg).await,
-            Command::Cleanup => proxier::cleanup(&cfg),
+            Command::Plan => proxier::plan(&cfg).await.map(|()| 0),
+            Command::Cleanup => proxier::cleanup(&cfg).map(|()| 0),
+            Command::Explain => proxier::explain(&cfg).await,
+            Command::Status => proxier::status(&cfg).await.map(|()| 0),
+            Command::Run => proxier::run(&cfg).await.map(|()| 0),
         }
     });
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(0) => ExitCode::SUCCESS,
+        Ok(code) => ExitCode::from(code),
         Err(e) => {
             eprintln!("kube-nlproxy: {}", kube_nlproxy::ErrorChain(&e));
             ExitCode::FAILURE

@@ -39,6 +39,9 @@ pub enum ProxierError {
     /// A sync failed.
     #[error("sync")]
     Driver(#[from] DriverError),
+    /// A command's argument is not usable.
+    #[error("{0}")]
+    Argument(String),
     /// `--once`: the kernel does not match after the sync.
     #[error("the kernel does not match the desired state after the sync: {0}")]
     Mismatch(String),
@@ -109,20 +112,22 @@ pub async fn plan(cfg: &Config) -> Result<(), ProxierError> {
         ProxyMode::Nftables => plan_with(nftables_driver(cfg)?, changes)?,
         ProxyMode::Ipvs => plan_with(ipvs_driver(cfg, false)?, changes)?,
     };
-    for op in &ops {
-        println!("{op}");
+    match cfg.output {
+        crate::config::Output::Text => {
+            print!("{}", crate::driver::plan::render_text(&ops));
+            for line in &summary {
+                eprintln!("desired {line}");
+            }
+        }
+        crate::config::Output::Json => println!("{}", crate::driver::plan::render_json(&ops)),
     }
-    for line in &summary {
-        eprintln!("desired {line}");
-    }
-    eprintln!("{} operations", ops.len());
     Ok(())
 }
 
 fn plan_with<M: Mode, H: Host>(
     mut driver: Driver<M, H>,
     changes: ObjectChanges,
-) -> Result<(Vec<String>, Vec<String>), ProxierError> {
+) -> Result<(Vec<crate::driver::plan::PlannedOp>, Vec<String>), ProxierError> {
     let ops = driver.plan(changes)?;
     Ok((ops, driver.mode().summary()))
 }
@@ -263,4 +268,306 @@ async fn run_with<M: Mode, H: Host>(
     // capabilities were dropped.
     let source = start_source(cfg, Retention::Changes).await?;
     Ok(crate::daemon::run(cfg, source.as_ref(), &mut driver).await?)
+}
+
+/// `IP:PORT[/tcp|udp|sctp]` (IPv6 as `[ADDR]:PORT`): address, protocol
+/// number, port.
+pub fn parse_target(s: &str) -> Result<(std::net::IpAddr, u8, u16), String> {
+    let (addr_port, proto) = match s.rsplit_once('/') {
+        Some((a, p)) => (a, p),
+        None => (s, "tcp"),
+    };
+    let proto = match proto.to_ascii_lowercase().as_str() {
+        "tcp" => 6,
+        "udp" => 17,
+        "sctp" => 132,
+        other => return Err(format!("unknown protocol {other:?} (tcp, udp or sctp)")),
+    };
+    let sock: std::net::SocketAddr = addr_port
+        .parse()
+        .map_err(|e| format!("{addr_port:?} is not IP:PORT ([IPv6]:PORT): {e}"))?;
+    Ok((sock.ip(), proto, sock.port()))
+}
+
+/// `kube-nlproxy explain`: where a new connection would go, from our nft table
+/// in the kernel; with `--source`, also from the desired state, and where the
+/// two disagree. Returns the exit status (see `Outcome::exit_code`).
+pub async fn explain(cfg: &Config) -> Result<u8, ProxierError> {
+    use crate::sync::explain::{Query, TableView, disagreements, explain, render_text};
+    use kube_nlproxy_netlink::nft::{Family, NftSocket};
+    let target = cfg
+        .explain_target
+        .as_deref()
+        .ok_or_else(|| ProxierError::Argument("explain needs IP:PORT[/PROTO]".into()))?;
+    let (daddr, proto, dport) = parse_target(target).map_err(ProxierError::Argument)?;
+    if let Some(s) = cfg.explain_from
+        && s.is_ipv4() != daddr.is_ipv4()
+    {
+        return Err(ProxierError::Argument(format!(
+            "--from {s} and {daddr} are of different families"
+        )));
+    }
+    let family = Family::of(&daddr);
+    let mut sock = NftSocket::new().map_err(SyncError::Socket)?;
+    let state = sock
+        .dump_table(family, crate::mode::nftables::TABLE)
+        .map_err(|source| SyncError::DumpFailed {
+            family: family.nft_name(),
+            source,
+        })?;
+    let view = state
+        .as_ref()
+        .map(TableView::from_kernel)
+        .unwrap_or_default();
+    let local_addresses = kube_nlproxy_netlink::addr::list_addresses()
+        .map(|l| l.into_iter().map(|a| a.addr).collect())
+        .unwrap_or_else(|e| {
+            tracing::warn!("explain without the node's addresses: {e}");
+            Vec::new()
+        });
+    let nodeport_all = view.sets.get("nodeport-ips").is_none_or(|s| s.is_empty());
+    let mut query = Query {
+        daddr,
+        proto,
+        dport,
+        saddr: cfg.explain_from,
+        local_addresses,
+        nodeport_all,
+        local_detector: crate::driver::local_detector(cfg, &Default::default()),
+        masquerade_all: cfg.masquerade_all,
+    };
+    let mut kernel = explain(&view, &query);
+    if state.is_none() {
+        kernel.problems.push(format!(
+            "no table {} {} in the kernel: kube-nlproxy has not synced here (or it was deleted)",
+            family.nft_name(),
+            crate::mode::nftables::TABLE
+        ));
+    }
+    // With a source: the desired state, explained the same way.
+    let mut disagree = None;
+    if cfg.source_given {
+        let objects = load_objects(cfg).await?;
+        let changes = ObjectChanges::everything(objects);
+        let mut driver = nftables_driver(cfg)?;
+        let pending = driver.plan(changes)?;
+        query.local_detector = crate::driver::local_detector(cfg, driver.state());
+        let tables = driver.mode().renderer().tables();
+        if let Some(t) = tables.iter().find(|t| t.family == family) {
+            let desired = explain(&TableView::from_spec(t), &query);
+            let mut d = disagreements(&kernel, &desired);
+            let pending: Vec<String> = pending
+                .iter()
+                .filter(|p| p.service.is_some() && p.service == desired.service)
+                .map(|p| format!("the next sync would send `{} {}`", p.op, p.text))
+                .collect();
+            d.extend(pending);
+            disagree = Some(d);
+        }
+    }
+    let code = kernel.outcome.exit_code();
+    match cfg.output {
+        crate::config::Output::Text => {
+            print!("{}", render_text(&query, &kernel, disagree.as_deref()))
+        }
+        crate::config::Output::Json => {
+            #[derive(serde::Serialize)]
+            struct Out<'a> {
+                target: String,
+                from: Option<std::net::IpAddr>,
+                #[serde(flatten)]
+                kernel: &'a crate::sync::explain::Explanation,
+                exit_code: u8,
+                disagreements: Option<&'a [String]>,
+            }
+            let out = Out {
+                target: target.to_string(),
+                from: cfg.explain_from,
+                kernel: &kernel,
+                exit_code: code,
+                disagreements: disagree.as_deref(),
+            };
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&out)
+                    .unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+            );
+        }
+    }
+    Ok(code)
+}
+
+/// `/status` of a daemon on `addr` (the metrics port), if one answers.
+fn daemon_status(addr: &str) -> Option<crate::serve::status::StatusInfo> {
+    use std::io::{Read, Write};
+    let mut sock: std::net::SocketAddr = addr.parse().ok()?;
+    if sock.ip().is_unspecified() {
+        sock.set_ip(match sock {
+            std::net::SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+            std::net::SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+        });
+    }
+    let timeout = Duration::from_secs(1);
+    let mut s = std::net::TcpStream::connect_timeout(&sock, timeout).ok()?;
+    s.set_read_timeout(Some(timeout)).ok()?;
+    s.write_all(b"GET /status HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        .ok()?;
+    let mut body = Vec::new();
+    s.take(1 << 20).read_to_end(&mut body).ok()?;
+    let text = String::from_utf8_lossy(&body);
+    let (_, json) = text.split_once("\r\n\r\n")?;
+    serde_json::from_str(json).ok()
+}
+
+/// What our nft tables in the kernel hold, per family.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct KernelTableStatus {
+    /// `ip` / `ip6`
+    pub family: &'static str,
+    /// Whether the table exists.
+    pub exists: bool,
+    /// Chains, rules, sets.
+    pub chains: usize,
+    /// Rules over all chains.
+    pub rules: usize,
+    /// Sets and maps.
+    pub sets: usize,
+    /// Elements over all sets (packet-made affinity entries included).
+    pub elements: usize,
+    /// Services (`ns/name`) named by an element.
+    pub services: usize,
+    /// Service ports (`ns/name:port`) named by an element.
+    pub service_ports: usize,
+    /// Endpoint elements (entry point x endpoint).
+    pub endpoint_elements: usize,
+    /// Rules without our fingerprint: changed behind our back.
+    pub foreign_rules: Vec<String>,
+}
+
+/// `kube-nlproxy status`: the daemon's `/status` when one answers on
+/// `--metrics-bind-address`, and what our tables in the kernel hold.
+pub async fn status(cfg: &Config) -> Result<(), ProxierError> {
+    use kube_nlproxy_netlink::nft::{Family, NftSocket};
+    let daemon = daemon_status(&cfg.metrics_bind_address);
+    let mut sock = NftSocket::new().map_err(SyncError::Socket)?;
+    let mut tables = Vec::new();
+    for family in [Family::Ipv4, Family::Ipv6] {
+        let state = sock
+            .dump_table(family, crate::mode::nftables::TABLE)
+            .map_err(|source| SyncError::DumpFailed {
+                family: family.nft_name(),
+                source,
+            })?;
+        let mut t = KernelTableStatus {
+            family: family.nft_name(),
+            ..Default::default()
+        };
+        if let Some(st) = state {
+            t.exists = true;
+            t.chains = st.chains.len();
+            t.rules = st.rules.values().map(Vec::len).sum();
+            t.sets = st.sets.len();
+            t.elements = st.elements.values().map(Vec::len).sum();
+            let mut services = std::collections::BTreeSet::new();
+            let mut ports = std::collections::BTreeSet::new();
+            for e in st.elements.values().flatten() {
+                if let Some(c) = e.comment.as_deref()
+                    && let Some(s) = crate::sync::service_of_comment(c)
+                {
+                    services.insert(s.to_string());
+                    ports.insert(c.to_string());
+                }
+            }
+            t.services = services.len();
+            t.service_ports = ports.len();
+            t.endpoint_elements = st
+                .elements
+                .iter()
+                .filter(|(n, _)| n.starts_with("endpoints-"))
+                .map(|(_, e)| e.len())
+                .sum();
+            t.foreign_rules = crate::sync::explain::TableView::from_kernel(&st).foreign_rules;
+        }
+        tables.push(t);
+    }
+    match cfg.output {
+        crate::config::Output::Json => {
+            #[derive(serde::Serialize)]
+            struct Out<'a> {
+                daemon: Option<&'a crate::serve::status::StatusInfo>,
+                kernel: &'a [KernelTableStatus],
+            }
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&Out {
+                    daemon: daemon.as_ref(),
+                    kernel: &tables,
+                })
+                .unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+            );
+        }
+        crate::config::Output::Text => {
+            match &daemon {
+                Some(d) => {
+                    println!("daemon ({}/status):", cfg.metrics_bind_address);
+                    println!("  mode:          {}", d.mode);
+                    println!("  node:          {}", d.node);
+                    println!("  service ports: {}", d.service_ports);
+                    let ago = d.last_sync_unix.map(|t| {
+                        let now = std::time::SystemTime::now()
+                            .duration_since(std::time::UNIX_EPOCH)
+                            .map(|d| d.as_secs_f64())
+                            .unwrap_or(t);
+                        format!("{:.1}s ago", (now - t).max(0.0))
+                    });
+                    println!(
+                        "  last sync:     {} ({} ms, {})",
+                        ago.unwrap_or_else(|| "never".into()),
+                        d.last_sync_ms
+                            .map(|m| format!("{m:.1}"))
+                            .unwrap_or("-".into()),
+                        match d.last_sync_full {
+                            Some(true) => "read back",
+                            Some(false) => "delta",
+                            None => "-",
+                        }
+                    );
+                    println!(
+                        "  syncs:         {} ok, {} failed",
+                        d.syncs, d.sync_failures
+                    );
+                    println!(
+                        "  last error:    {}",
+                        d.last_error.as_deref().unwrap_or("none")
+                    );
+                    println!("  drift repairs: {}", d.drift_repairs);
+                }
+                None => println!(
+                    "no daemon answers on {} (/status); from the kernel only:",
+                    cfg.metrics_bind_address
+                ),
+            }
+            for t in &tables {
+                if !t.exists {
+                    println!("table {} kube-nlproxy: absent", t.family);
+                    continue;
+                }
+                println!(
+                    "table {} kube-nlproxy: {} services ({} ports), {} endpoint elements; {} chains, {} rules, {} sets, {} elements",
+                    t.family,
+                    t.services,
+                    t.service_ports,
+                    t.endpoint_elements,
+                    t.chains,
+                    t.rules,
+                    t.sets,
+                    t.elements
+                );
+                for r in &t.foreign_rules {
+                    println!("  ! not ours (changed behind our back): {r}");
+                }
+            }
+        }
+    }
+    Ok(())
 }

@@ -198,6 +198,7 @@ fn both_reject_a_bad_transaction_and_keep_nothing_of_it() {
                 chain: Chain {
                     name: "new-chain".into(),
                     base: None,
+                    comment: None,
                 },
             },
             Op::DeleteChain {

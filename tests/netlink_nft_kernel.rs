@@ -63,6 +63,7 @@ fn base(name: &str, kind: ChainType, hook: Hook, priority: i32) -> Chain {
             hook,
             priority,
         }),
+        comment: None,
     }
 }
 
@@ -70,6 +71,7 @@ fn chain(name: &str) -> Chain {
     Chain {
         name: name.into(),
         base: None,
+        comment: None,
     }
 }
 
@@ -117,7 +119,10 @@ fn fixture(family: Family) -> Fixture {
         base("postrouting", ChainType::Nat, Hook::Postrouting, 100),
         base("filter-input", ChainType::Filter, Hook::Input, 0),
         chain("services"),
-        chain("svc-a"),
+        Chain {
+            comment: Some("default/web:http".into()),
+            ..chain("svc-a")
+        },
         chain("sep-1"),
         chain("sep-2"),
         chain("masq"),
@@ -631,7 +636,7 @@ fn ipv4_full_table_roundtrip_and_nft_listing() {
             "type ipv4_addr . inet_proto . inet_service\n",
             "flags dynamic,timeout",
             "timeout 3h",
-            "ip daddr . meta l4proto . th dport vmap @service-ips comment \"service vmap #",
+            "ip daddr . meta l4proto . th dport vmap @service-ips comment \"service vmap\"\n",
             "fib daddr type local ip daddr . meta l4proto . th dport @no-endpoints reject",
             "meta mark != @marks fib saddr type local reject with tcp reset",
             "elements = { 0x00004000 }",
@@ -639,18 +644,21 @@ fn ipv4_full_table_roundtrip_and_nft_listing() {
             "ip saddr @aff goto sep-1",
             "numgen random mod 2 0 goto sep-1",
             "ct state new update @aff { ip saddr timeout 3h } meta mark set 0x00004000",
-            "th dport < 1024 dnat to 10.1.0.1:8080 comment \"sep-1 dnat #",
-            "dnat to 10.1.0.1 comment \"#",
+            "th dport < 1024 dnat to 10.1.0.1:8080 comment \"sep-1 dnat\"\n",
+            "dnat to 10.1.0.1\n",
             "masquerade fully-random",
-            "oifname != \"lo\" masquerade fully-random comment \"masquerade marked #",
+            "oifname != \"lo\" masquerade fully-random comment \"masquerade marked\"\n",
             "meta mark & 0x00004000 == 0x00000000 return",
             "meta nfproto ipv4 goto masq",
             "iifname \"lo\" accept",
             "counter packets 0 bytes 0 jump services",
-            "jump services comment \"from local #",
+            "jump services comment \"from local\"\n",
+            "chain svc-a {\n\t\tcomment \"default/web:http\"\n",
         ] {
             assert!(text.contains(want), "missing `{want}` in:\n{text}");
         }
+        // Our fingerprint TLV is in the userdata, and nft prints none of it.
+        assert!(!text.contains('#'), "a fingerprint shows in:\n{text}");
 
         // Re-applying the same objects is idempotent (no EXCL), except rules append.
         let idem: Vec<Op> = fx
@@ -984,5 +992,101 @@ fn kernel_faults_leave_the_table_as_it_was_and_dumps_recover() {
         );
         assert!(sock.buffer_size() > size);
         assert_eq!(sock.dump_table(Family::Ipv4, T).unwrap(), before);
+    });
+}
+
+/// A rule written by kube-nlproxy before 0.2 kept its fingerprint in the comment
+/// (`"<human> #<16 hex>"`); `nft` writes such a rule here with real kernel bytes,
+/// and the dump reads the fingerprint and the human part back.
+#[test]
+fn old_format_rule_comment_is_read() {
+    in_netns(|| {
+        nft(&["add", "table", "ip", T]);
+        nft(&["add", "chain", "ip", T, "c"]);
+        nft(&[
+            "add",
+            "rule",
+            "ip",
+            T,
+            "c",
+            "counter",
+            "comment",
+            "\"masquerade #00000000deadbeef\"",
+        ]);
+        nft(&[
+            "add",
+            "rule",
+            "ip",
+            T,
+            "c",
+            "counter",
+            "comment",
+            "\"plain\"",
+        ]);
+        let mut sock = NftSocket::new().unwrap();
+        let st = sock.dump_table(Family::Ipv4, T).unwrap().expect("table");
+        let rules = &st.rules["c"];
+        assert_eq!(rules[0].comment, "masquerade");
+        assert_eq!(rules[0].fingerprint, Some(0xdead_beef));
+        // Someone else's rule: no fingerprint, so the diff rewrites its chain.
+        assert_eq!(rules[1].comment, "plain");
+        assert_eq!(rules[1].fingerprint, None);
+    });
+}
+
+/// Ours: the comment TLV nft reads and our fingerprint TLV after it. nft prints
+/// the comment alone; a dump gives both back.
+#[test]
+fn fingerprint_tlv_is_invisible_to_nft() {
+    in_netns(|| {
+        let rule = Rule {
+            chain: "c".into(),
+            exprs: vec![Expr::Counter],
+            comment: Some("masquerade traffic from outside the cluster".into()),
+        };
+        let bare = Rule {
+            comment: None,
+            ..rule.clone()
+        };
+        let mut sock = NftSocket::new().unwrap();
+        sock.apply(&[
+            Op::AddTable {
+                family: Family::Ipv4,
+                name: T.into(),
+            },
+            Op::AddChain {
+                family: Family::Ipv4,
+                table: T.into(),
+                chain: chain("c"),
+            },
+            Op::AddRule {
+                family: Family::Ipv4,
+                table: T.into(),
+                rule: rule.clone(),
+            },
+            Op::AddRule {
+                family: Family::Ipv4,
+                table: T.into(),
+                rule: bare.clone(),
+            },
+        ])
+        .unwrap();
+        let text = nft(&["list", "table", "ip", T]);
+        assert!(
+            text.contains("counter packets 0 bytes 0 comment \"masquerade traffic from outside the cluster\"\n"),
+            "{text}"
+        );
+        assert!(text.contains("counter packets 0 bytes 0\n"), "{text}");
+        assert!(!text.contains('#'), "{text}");
+        let st = sock.dump_table(Family::Ipv4, T).unwrap().expect("table");
+        let rules = &st.rules["c"];
+        assert_eq!(rules[0].comment, rule.comment.clone().unwrap());
+        assert_eq!(rules[0].fingerprint, Some(rule_fingerprint(&rule)));
+        assert_eq!(rules[1].comment, "");
+        assert_eq!(rules[1].fingerprint, Some(rule_fingerprint(&bare)));
+        // nft re-reads and rewrites the table from its own listing: our TLV
+        // does not break its parser.
+        let again = nft(&["-j", "list", "table", "ip", T]);
+        assert!(again.contains("masquerade traffic from outside the cluster"));
     });
 }

@@ -215,26 +215,30 @@ fn fingerprint_and_comment() {
         exprs: vec![Expr::Counter],
         comment: Some("x".repeat(300)),
     };
+    // The comment is for people only: no fingerprint tag in it any more.
     let c = rule_comment(&rule);
     assert!(c.len() < 128, "{}", c.len());
-    let (human, fp) = parse_comment(&c);
-    assert_eq!(fp, Some(rule_fingerprint(&rule)));
-    assert!(human.starts_with("xxx"));
+    assert!(!c.contains('#'));
     let bare = Rule {
         comment: None,
         ..rule.clone()
     };
-    assert_eq!(
-        rule_comment(&bare),
-        format!("#{:016x}", rule_fingerprint(&rule))
-    );
+    assert_eq!(rule_comment(&bare), "");
+    // The fingerprint covers the comment too: a new comment rewrites the chain.
+    assert_ne!(rule_fingerprint(&bare), rule_fingerprint(&rule));
     let other = Rule {
         exprs: vec![Expr::Masquerade {
             fully_random: false,
         }],
-        ..rule
+        ..rule.clone()
     };
-    assert_ne!(rule_fingerprint(&other), rule_fingerprint(&bare));
+    assert_ne!(rule_fingerprint(&other), rule_fingerprint(&rule));
+    // An old (pre-userdata) comment still parses into its two parts.
+    let old = format!("masquerade #{:016x}", 0x1234u64);
+    assert_eq!(
+        parse_comment(&old),
+        ("masquerade".to_string(), Some(0x1234))
+    );
     // multibyte truncation stays on a char boundary
     let uni = Rule {
         chain: "c".into(),
@@ -256,6 +260,7 @@ fn op_display_is_nft_like() {
                 hook: Hook::Prerouting,
                 priority: -100,
             }),
+            comment: None,
         },
     };
     assert_eq!(

@@ -23,6 +23,20 @@ pub enum Command {
     Plan,
     /// Delete everything we own.
     Cleanup,
+    /// Where a new connection to `IP:PORT[/PROTO]` would go, from the kernel.
+    Explain,
+    /// Mode, node, what is programmed, the last sync.
+    Status,
+}
+
+/// `--output` of `plan`, `explain` and `status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Output {
+    /// For people (default).
+    #[default]
+    Text,
+    /// For tools.
+    Json,
 }
 
 /// `--proxy-mode`.
@@ -134,6 +148,15 @@ pub struct Config {
     pub oom_score_adj: Option<i32>,
     /// Problems found in the configuration file, logged once logging is up.
     pub warnings: Vec<String>,
+    /// `--output text|json` (`plan`, `explain`, `status`).
+    pub output: Output,
+    /// Whether `--source` was given (`explain` then compares with the desired
+    /// state).
+    pub source_given: bool,
+    /// `explain`'s `IP:PORT[/tcp|udp|sctp]`, as given.
+    pub explain_target: Option<String>,
+    /// `explain --from SRC_IP`.
+    pub explain_from: Option<IpAddr>,
 }
 
 impl Default for Config {
@@ -169,6 +192,10 @@ impl Default for Config {
             conntrack: host::ConntrackSettings::default(),
             oom_score_adj: Some(-999),
             warnings: Vec::new(),
+            output: Output::Text,
+            source_given: false,
+            explain_target: None,
+            explain_from: None,
         }
     }
 }
@@ -213,6 +240,15 @@ USAGE:
   kube-nlproxy [run] [FLAGS]      the proxy (default)
   kube-nlproxy plan [FLAGS]       print the netlink operations a sync would send
   kube-nlproxy cleanup            delete everything kube-nlproxy created (also --cleanup)
+  kube-nlproxy explain IP:PORT[/tcp|udp|sctp] [--from SRC_IP] [FLAGS]
+                                  where a new connection would go, read from the kernel
+                                  (with --source also compared with the desired state).
+                                  Exit status: 0 served, 3 rejected, 4 dropped,
+                                  5 not a service, 1 error
+  kube-nlproxy status [FLAGS]     mode, node, what is programmed, last sync, last error,
+                                  drift repairs (from the daemon's metrics server, else
+                                  from the kernel)
+  --output text|json              for plan, explain and status (default text)
 
 FLAGS (kube-proxy names):
   --source kube|file:PATH         where objects come from (default kube)
@@ -360,11 +396,20 @@ where
                 "run" => Command::Run,
                 "plan" => Command::Plan,
                 "cleanup" => Command::Cleanup,
+                "explain" => Command::Explain,
+                "status" => Command::Status,
                 other => return Err(ConfigError::UnknownFlag(other.to_string())),
             };
             continue;
         }
         first = false;
+        if cfg.command == Command::Explain && !arg.starts_with('-') {
+            if cfg.explain_target.is_some() {
+                return Err(ConfigError::UnknownFlag(arg));
+            }
+            cfg.explain_target = Some(arg);
+            continue;
+        }
         let (flag, inline) = match arg.split_once('=') {
             Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
             _ => (arg.clone(), None),
@@ -434,6 +479,9 @@ where
             "--conntrack-udp-timeout",
             "--conntrack-udp-timeout-stream",
             "--oom-score-adj",
+            "--output",
+            "-o",
+            "--from",
         ];
         if !VALUED.contains(&flag.as_str()) {
             return Err(ConfigError::UnknownFlag(flag));
@@ -446,7 +494,22 @@ where
         };
         let f = flag.as_str();
         match f {
+            "--output" | "-o" => {
+                cfg.output = match value.as_str() {
+                    "text" => Output::Text,
+                    "json" => Output::Json,
+                    _ => return Err(invalid(f, &value, "expected text or json")),
+                }
+            }
+            "--from" => {
+                cfg.explain_from = Some(
+                    value
+                        .parse()
+                        .map_err(|e: std::net::AddrParseError| invalid(f, &value, e))?,
+                )
+            }
             "--source" => {
+                cfg.source_given = true;
                 cfg.source = if value == "kube" {
                     Source::Kube
                 } else if let Some(path) = value.strip_prefix("file:") {

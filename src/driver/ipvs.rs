@@ -224,17 +224,12 @@ impl<I: IpvsDataplane, D: Dataplane> Mode for IpvsMode<I, D> {
         })
     }
 
-    fn plan(&mut self) -> Result<Vec<String>, ModeError> {
+    fn plan(&mut self) -> Result<Vec<super::plan::PlannedOp>, ModeError> {
         let desired = self.renderer.desired();
-        let mut out: Vec<String> = (self.ipvs.plan(desired)?.ops.iter())
-            .map(ToString::to_string)
-            .collect();
-        out.extend(
-            self.nft
-                .plan(&self.renderer.tables())?
-                .iter()
-                .map(ToString::to_string),
-        );
+        let mut out = super::plan::ipvs_planned(&self.ipvs.plan(desired)?.ops);
+        out.extend(super::plan::nft_planned(
+            &self.nft.plan(&self.renderer.tables())?,
+        ));
         self.request_full_sync();
         Ok(out)
     }

@@ -9,6 +9,7 @@
 pub mod host;
 pub mod ipvs;
 pub mod nftables;
+pub mod plan;
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -98,8 +99,8 @@ pub trait Mode {
     ) -> Result<(), ModeError>;
     /// Sends what the kernel lacks of the desired state.
     fn sync(&mut self) -> Result<SyncReport, ModeError>;
-    /// What [`sync`](Self::sync) would send now, one line per operation.
-    fn plan(&mut self) -> Result<Vec<String>, ModeError>;
+    /// What [`sync`](Self::sync) would send now, one entry per object.
+    fn plan(&mut self) -> Result<Vec<plan::PlannedOp>, ModeError>;
     /// Reads the kernel back; what differs from the desired state.
     fn verify(&mut self) -> Result<Vec<String>, ModeError>;
     /// Deletes every kernel object the mode owns; returns how many operations.
@@ -263,9 +264,13 @@ impl<M: Mode, H: Host> Driver<M, H> {
     }
 
     /// The operations the next sync would send for `changes`, sending nothing.
-    pub fn plan(&mut self, changes: ObjectChanges) -> Result<Vec<String>, DriverError> {
+    /// Each is named by its Service port where it has one, in printing order
+    /// (see [`plan::grouped`]).
+    pub fn plan(&mut self, changes: ObjectChanges) -> Result<Vec<plan::PlannedOp>, DriverError> {
         self.prepare(changes)?;
-        self.mode.plan().map_err(|e| self.mode_error(e))
+        let mut ops = self.mode.plan().map_err(|e| self.mode_error(e))?;
+        plan::resolve(&mut ops, self.tracker.state());
+        Ok(plan::grouped(ops))
     }
 
     /// Reads the kernel back: where it differs from the desired state.
@@ -405,7 +410,7 @@ impl<M: Mode, H: Host> Driver<M, H> {
 }
 
 /// `--detect-local-mode` resolved against the flags and the node.
-fn local_detector(cfg: &Config, state: &ClusterState) -> LocalDetector {
+pub fn local_detector(cfg: &Config, state: &ClusterState) -> LocalDetector {
     match cfg.detect_local_mode {
         None => LocalDetector::None,
         Some(DetectLocalMode::ClusterCidr) if cfg.cluster_cidrs.is_empty() => {

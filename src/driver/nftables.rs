@@ -80,11 +80,11 @@ impl<D: Dataplane> Mode for NftablesMode<D> {
         })
     }
 
-    fn plan(&mut self) -> Result<Vec<String>, ModeError> {
+    fn plan(&mut self) -> Result<Vec<super::plan::PlannedOp>, ModeError> {
         let ops = self.syncer.plan(&self.renderer.tables())?;
         // The plan read the kernel back; keep the next sync honest.
         self.syncer.request_full_sync();
-        Ok(ops.iter().map(ToString::to_string).collect())
+        Ok(super::plan::nft_planned(&ops))
     }
 
     fn verify(&mut self) -> Result<Vec<String>, ModeError> {

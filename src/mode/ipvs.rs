@@ -660,6 +660,7 @@ fn table(family: IpFamily, d: &IpvsDesired, opts: &IpvsOptions) -> TableSpec {
                 &spec.name,
                 nft_element(m, port_set_protocol(&spec.name)),
                 None,
+                None,
             );
         }
     }
@@ -672,7 +673,7 @@ fn table(family: IpFamily, d: &IpvsDesired, opts: &IpvsOptions) -> TableSpec {
             SetFlags::default(),
         );
         for m in members {
-            t.element(&name, nft_element(m, 0), None);
+            t.element(&name, nft_element(m, 0), None, None);
         }
     }
 

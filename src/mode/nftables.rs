@@ -364,6 +364,7 @@ impl TableSpec {
                 chain: Chain {
                     name: name.to_string(),
                     base: None,
+                    comment: chain_comment(name),
                 },
                 rules: Vec::new(),
             })
@@ -381,6 +382,7 @@ impl TableSpec {
                         hook,
                         priority,
                     }),
+                    comment: chain_comment(name),
                 },
                 rules: Vec::new(),
             },
@@ -410,7 +412,13 @@ impl TableSpec {
         );
     }
 
-    pub(crate) fn element(&mut self, set: &str, key: Vec<KeyValue>, verdict: Option<Verdict>) {
+    pub(crate) fn element(
+        &mut self,
+        set: &str,
+        key: Vec<KeyValue>,
+        verdict: Option<Verdict>,
+        comment: Option<&str>,
+    ) {
         let spec = self.sets.get_mut(set).expect("set declared in skeleton");
         // A map holds one verdict per key: two services claiming the same
         // address/port keep the first (kube-proxy's behaviour is undefined here).
@@ -430,12 +438,15 @@ impl TableSpec {
             key,
             verdict,
             data: Vec::new(),
-            comment: None,
+            comment: comment.map(str::to_string),
         });
     }
 
+    /// Appends a rule; one without a comment of its own is named by its chain's
+    /// purpose, so every rule `nft list` shows says what it is for.
     pub(crate) fn rule(&mut self, chain: &str, builder: RuleBuilder, comment: Option<&str>) {
-        let rule = builder.build(chain, comment);
+        let fallback = chain_comment(chain);
+        let rule = builder.build(chain, comment.or(fallback.as_deref()));
         self.chain(chain).push(rule);
     }
 
@@ -1298,6 +1309,39 @@ fn skeleton_delta(old: &TableSpec, new: &TableSpec, delta: &mut TableDelta) {
     }
 }
 
+/// What a chain of ours is for: its comment in the kernel (`nft list` prints it).
+pub fn chain_comment(name: &str) -> Option<String> {
+    let c = match name {
+        "filter-prerouting" => "kube-nlproxy: source ranges of incoming traffic",
+        "filter-input" => "kube-nlproxy: services without endpoints, traffic to this node",
+        "filter-forward" => "kube-nlproxy: services without endpoints, unknown ClusterIP ports",
+        "filter-output" => {
+            "kube-nlproxy: services without endpoints, source ranges, this node's traffic"
+        }
+        "filter-output-post-dnat" => "kube-nlproxy: unknown ClusterIP ports, this node's traffic",
+        "nat-prerouting" => "kube-nlproxy: services, incoming traffic",
+        "nat-output" => "kube-nlproxy: services, this node's traffic",
+        "nat-postrouting" => "kube-nlproxy: masquerade and session affinity",
+        MARK_FOR_MASQUERADE => "mark a connection for masquerade",
+        MASQUERADING => "record session affinity, masquerade marked connections",
+        SERVICES => "masquerade decisions, then dispatch by entry point",
+        FIREWALL_CHECK => "loadBalancerSourceRanges",
+        CLUSTER_IPS_CHECK => "unknown ports of ClusterIPs, unallocated service addresses",
+        SERVICE_ENDPOINTS_CHECK => "service IPs without usable endpoints: reject or drop",
+        NODEPORT_ENDPOINTS_CHECK => "NodePorts without usable endpoints: reject or drop",
+        DISPATCH_IPS => "DNAT to an endpoint: ClusterIPs, externalIPs, LB IPs",
+        DISPATCH_NODEPORTS => "DNAT to an endpoint: NodePorts",
+        DISPATCH_IPS_LOCAL => {
+            "DNAT to a local endpoint: external traffic, externalTrafficPolicy Local"
+        }
+        DISPATCH_NODEPORTS_LOCAL => {
+            "DNAT to a local endpoint: external NodePort traffic, externalTrafficPolicy Local"
+        }
+        _ => return None,
+    };
+    Some(c.to_string())
+}
+
 /// `RULE` matching traffic to an address NodePorts listen on: every local
 /// address but loopback, or those in `nodeport-ips`.
 fn to_nodeport_address(rule: RuleBuilder, all: bool, loopback: &IpNet) -> RuleBuilder {
@@ -1389,14 +1433,30 @@ fn skeleton(
         ("filter-output", FIREWALL_CHECK),
         ("filter-output-post-dnat", CLUSTER_IPS_CHECK),
     ] {
-        t.rule(chain, new().verdict(jump(target)), None);
+        t.rule(
+            chain,
+            new().verdict(jump(target)),
+            Some(&format!("new connections: {target}")),
+        );
     }
-    t.rule("nat-prerouting", b().verdict(jump(SERVICES)), None);
-    t.rule("nat-output", b().verdict(jump(SERVICES)), None);
-    t.rule("nat-postrouting", b().verdict(jump(MASQUERADING)), None);
+    t.rule(
+        "nat-prerouting",
+        b().verdict(jump(SERVICES)),
+        Some("services"),
+    );
+    t.rule("nat-output", b().verdict(jump(SERVICES)), Some("services"));
+    t.rule(
+        "nat-postrouting",
+        b().verdict(jump(MASQUERADING)),
+        Some("masquerading"),
+    );
 
     let mark = opts.masquerade_mark;
-    t.rule(MARK_FOR_MASQUERADE, b().mark_set_or(mark), None);
+    t.rule(
+        MARK_FOR_MASQUERADE,
+        b().mark_set_or(mark),
+        Some("set the masquerade mark"),
+    );
     let daddr = [KeyField::Daddr];
     affinity_record_rules(&mut t, classes);
     t.rule(
@@ -1413,10 +1473,18 @@ fn skeleton(
     t.rule(
         MASQUERADING,
         b().mark_bits_clear(mark).verdict(Verdict::Return),
-        None,
+        Some("not marked for masquerade"),
     );
-    t.rule(MASQUERADING, b().mark_set_xor(mark), None);
-    t.rule(MASQUERADING, b().masquerade_fully_random(), None);
+    t.rule(
+        MASQUERADING,
+        b().mark_set_xor(mark),
+        Some("clear the masquerade mark"),
+    );
+    t.rule(
+        MASQUERADING,
+        b().masquerade_fully_random(),
+        Some("masquerade marked connections"),
+    );
 
     let k3 = [KeyField::Daddr, KeyField::L4Proto, KeyField::Dport];
     let k2 = [KeyField::L4Proto, KeyField::Dport];
@@ -1431,7 +1499,12 @@ fn skeleton(
     let to_nodeport = || to_nodeport_address(b(), all_nodeport_addresses, &loopback);
     if let NodePortAddresses::Ips(ips) = &opts.nodeport_addresses {
         for ip in ips.iter().filter(|ip| IpFamily::of(ip) == ip_family) {
-            t.element(&SetId::NodeportIps.name(), vec![KeyValue::Addr(*ip)], None);
+            t.element(
+                &SetId::NodeportIps.name(),
+                vec![KeyValue::Addr(*ip)],
+                None,
+                Some("NodePort address"),
+            );
         }
     }
 

@@ -232,12 +232,14 @@ pub fn health_handler(health: Arc<ProxyHealth>, metrics: Arc<Metrics>) -> Handle
     })
 }
 
-/// The metrics-port handler: `/metrics`, `/proxyMode`, and `/healthz` answering
+/// The metrics-port handler: `/metrics`, `/proxyMode`, `/status` (JSON, for
+/// `kube-nlproxy status`) and `/healthz` answering
 /// `ok` like the generic `healthz.InstallHandler` kube-proxy mounts there.
 pub fn metrics_handler(metrics: Arc<Metrics>, proxy_mode: &'static str) -> Handler {
     Arc::new(move |req: &Request| match req.path.as_str() {
         "/metrics" => Response::new(200, METRICS_CONTENT_TYPE, metrics.render()),
         "/proxyMode" => Response::new(200, "text/plain; charset=utf-8", proxy_mode),
+        "/status" => Response::new(200, "application/json", metrics.status.json()),
         "/healthz" => Response::new(200, "text/plain; charset=utf-8", "ok"),
         _ => Response::not_found(),
     })

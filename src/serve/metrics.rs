@@ -153,6 +153,8 @@ struct Inner {
 pub struct Metrics {
     clock: Arc<dyn Clock>,
     inner: Mutex<Inner>,
+    /// What `/status` serves.
+    pub status: super::status::Status,
 }
 
 impl Default for Metrics {
@@ -184,6 +186,7 @@ impl Metrics {
                 netlink_messages: BTreeMap::new(),
                 sync_operations: BTreeMap::new(),
             }),
+            status: Default::default(),
         };
         m.with_families(&IpFamily::ALL)
     }

@@ -14,6 +14,7 @@ pub mod health;
 pub mod http;
 pub mod metrics;
 pub mod service_health;
+pub mod status;
 
 pub use health::{
     Clock, FakeClock, HealthReport, HealthResponse, NodeEligibility, ProxierHealth, ProxyHealth,

@@ -8,12 +8,22 @@ use kube_nlproxy_netlink::nft::{Chain, Element, Family, Op, Set, TableState, rul
 use crate::mode::nftables::{ChainSpec, TABLE, TableDelta, TableSpec};
 
 /// A chain as far as the diff cares: its definition and its rules' fingerprints.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Equal when name, hook and rules are: the chain's comment is for people (a
+/// chain adopted from a version without comments is not drift).
+#[derive(Debug, Clone, Eq)]
 pub struct ChainSnapshot {
     /// Definition (name, hook).
     pub chain: Chain,
     /// Fingerprints of its rules, in order.
     pub rules: Vec<u64>,
+}
+
+impl PartialEq for ChainSnapshot {
+    fn eq(&self, other: &Self) -> bool {
+        self.chain.name == other.chain.name
+            && self.chain.base == other.chain.base
+            && self.rules == other.rules
+    }
 }
 
 /// A set and its elements.
@@ -314,7 +324,13 @@ fn layout_changed(current: Current<'_>, desired: &TableSpec) -> bool {
     let base_changed = desired
         .chains
         .iter()
-        .any(|(name, spec)| current.chain(name).is_some_and(|(c, _)| *c != spec.chain))
+        // By hook only: a chain's comment is for people, and one adopted from an
+        // older version without it keeps working as it is.
+        .any(|(name, spec)| {
+            current
+                .chain(name)
+                .is_some_and(|(c, _)| c.base != spec.chain.base)
+        })
         || current
             .chains()
             .iter()

@@ -7,6 +7,7 @@
 
 pub mod conntrack;
 pub mod diff;
+pub mod explain;
 pub mod fake;
 pub mod ipvs;
 pub mod runner;
@@ -149,6 +150,13 @@ impl Dataplane for NetlinkDataplane {
 /// transaction stalls it (upstream sees soft lockups, kubernetes#139328).
 pub const COLD_START_BATCH_ELEMENTS: usize = 40_000;
 
+/// The Service an element's comment names (`ns/name` of `ns/name` or
+/// `ns/name:port`); node-wide elements' comments (no `/`) name none.
+pub fn service_of_comment(comment: &str) -> Option<&str> {
+    let service = comment.split(':').next()?;
+    service.contains('/').then_some(service)
+}
+
 /// Splits a sync into transactions of at most `limit` elements when it must add
 /// more — only when our table does not exist yet (start on a fresh node, or the
 /// table was deleted), as every other sync is one transaction. The first
@@ -188,7 +196,7 @@ pub fn cold_start_batches(ops: Vec<Op>, limit: usize) -> Vec<Vec<Op>> {
         sets.push((family, table.clone(), set.clone()));
         let mut unnamed = Vec::new();
         for e in elements {
-            match e.comment.as_deref().and_then(|c| c.split(':').next()) {
+            match e.comment.as_deref().and_then(service_of_comment) {
                 Some(service) => by_service
                     .entry(service.to_string())
                     .or_default()

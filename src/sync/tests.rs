@@ -324,6 +324,7 @@ fn fake_kernel_rejects_like_the_kernel_and_keeps_nothing() {
             chain: kube_nlproxy_netlink::nft::Chain {
                 name: "x".into(),
                 base: None,
+                comment: None,
             },
         },
         Op::DeleteChain {
@@ -473,11 +474,14 @@ fn a_cold_start_goes_in_bounded_transactions_of_whole_services() {
                 Op::AddElements { elements, .. } => {
                     size += elements.len();
                     for e in elements {
-                        let Some(comment) = e.comment.as_deref() else {
+                        let Some(service) = e
+                            .comment
+                            .as_deref()
+                            .and_then(crate::sync::service_of_comment)
+                        else {
                             assert_eq!(i, 0, "node-wide elements come with the skeleton");
                             continue;
                         };
-                        let service = comment.split(':').next().unwrap();
                         let first = *seen.entry(service.to_string()).or_insert(i);
                         assert_eq!(first, i, "{service} split over two transactions");
                         assert!(i > 0, "service elements after the skeleton");

@@ -1164,6 +1164,21 @@ impl Proxy {
         );
     }
 
+    /// `kube-nlproxy SUB` in the node namespace with the proxy's source and
+    /// flags, then `extra` (`plan`, `explain IP:PORT`, `status`).
+    pub fn command(&self, sub: &[&str], extra: &[&str]) -> Output {
+        let mut c = self.cmd(sub);
+        c.args(self.base_args()).args(extra);
+        c.output().expect("spawn kube-nlproxy")
+    }
+
+    /// `kube-nlproxy SUB` with only `extra` as flags (no source: kernel only).
+    pub fn command_bare(&self, sub: &[&str], extra: &[&str]) -> Output {
+        let mut c = self.cmd(sub);
+        c.args(extra);
+        c.output().expect("spawn kube-nlproxy")
+    }
+
     /// `kube-nlproxy cleanup`.
     pub fn cleanup(&self) -> Output {
         self.cmd(&["cleanup"])

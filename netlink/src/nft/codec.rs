@@ -33,6 +33,13 @@ const NFTNL_UDATA_SET_KEYBYTEORDER: u8 = 0;
 const NFTNL_UDATA_SET_DATABYTEORDER: u8 = 1;
 /// `NFTNL_UDATA_SET_ELEM_COMMENT` in an element's userdata TLVs (libnftnl).
 const NFTNL_UDATA_SET_ELEM_COMMENT: u8 = 0;
+/// `NFTNL_UDATA_CHAIN_COMMENT` in a chain's userdata TLVs (libnftnl).
+const NFTNL_UDATA_CHAIN_COMMENT: u8 = 0;
+/// Our own TLV in a rule's userdata: the rule's fingerprint, 8 bytes big-endian.
+/// libnftnl defines rule TLVs 0 (comment) and 1 (ebtables policy); nft's parse
+/// callback skips every other type, so `nft list` prints the comment alone
+/// (checked against nft 1.0.6 in `tests/netlink_nft_kernel.rs`).
+pub const KNLP_UDATA_RULE_FINGERPRINT: u8 = 0xf0;
 /// `NFTA_SET_DESC_CONCAT`
 const NFTA_SET_DESC_CONCAT: u16 = 2;
 
@@ -342,34 +349,45 @@ pub fn fnv1a64(bytes: &[u8]) -> u64 {
     h
 }
 
-/// Fingerprint of a rule: FNV-1a 64 over its encoded expressions. Stored in the
-/// rule's comment as `#<16 hex>` so a dump tells whether a rule is current.
+/// Fingerprint of a rule: FNV-1a 64 over its encoded expressions and then its
+/// comment (as stored), so a changed expression or comment rewrites the chain.
+/// Stored in the rule's userdata as our own TLV ([`KNLP_UDATA_RULE_FINGERPRINT`]),
+/// which `nft list` does not print.
 pub fn rule_fingerprint(rule: &Rule) -> u64 {
-    fnv1a64(&encode_exprs(&rule.exprs))
+    fingerprint_of(&encode_exprs(&rule.exprs), rule.comment.as_deref())
 }
 
-/// The comment we store for a rule: `"<comment> #<fp>"`, or `"#<fp>"`, at most
-/// [`MAX_COMMENT_LEN`] - 1 bytes (the human part is truncated at a char boundary).
-pub fn rule_comment(rule: &Rule) -> String {
-    comment_with_fingerprint(rule.comment.as_deref(), rule_fingerprint(rule))
-}
-
-fn comment_with_fingerprint(human: Option<&str>, fp: u64) -> String {
-    let tag = format!("#{fp:016x}");
-    match human {
-        None | Some("") => tag,
-        Some(h) => {
-            let room = MAX_COMMENT_LEN - 1 - tag.len() - 1;
-            let mut end = h.len().min(room);
-            while !h.is_char_boundary(end) {
-                end -= 1;
-            }
-            format!("{} {tag}", &h[..end])
-        }
+fn fingerprint_of(expr_bytes: &[u8], comment: Option<&str>) -> u64 {
+    let mut bytes = expr_bytes.to_vec();
+    if let Some(c) = comment {
+        bytes.push(0xff);
+        bytes.extend_from_slice(truncated(c).as_bytes());
     }
+    fnv1a64(&bytes)
 }
 
-/// Split a stored comment into its human part and fingerprint.
+/// The comment we store for a rule (cut to [`MAX_COMMENT_LEN`] - 1 bytes at a
+/// char boundary): what `nft list` prints.
+pub fn rule_comment(rule: &Rule) -> String {
+    rule.comment
+        .as_deref()
+        .map(truncated)
+        .unwrap_or_default()
+        .to_string()
+}
+
+fn truncated(c: &str) -> &str {
+    let mut end = c.len().min(MAX_COMMENT_LEN - 1);
+    while !c.is_char_boundary(end) {
+        end -= 1;
+    }
+    &c[..end]
+}
+
+/// Split a comment written by kube-nlproxy before 0.2 (`"<human> #<16 hex>"`,
+/// the fingerprint inside the comment) into its human part and fingerprint.
+/// Such a fingerprint never equals a current one (those include the comment), so
+/// an adopted old table gets its chains rewritten once, elements kept.
 pub fn parse_comment(comment: &str) -> (String, Option<u64>) {
     let (human, tag) = match comment.rfind('#') {
         Some(i) => (&comment[..i], &comment[i + 1..]),
@@ -393,10 +411,15 @@ pub fn set_key_type(key: &[KeyType]) -> u32 {
         .fold(0, |acc, k| (acc << TYPE_BITS) | k.nft_type())
 }
 
-fn rule_userdata(comment: &str) -> Vec<u8> {
-    let mut v = vec![NFTNL_UDATA_RULE_COMMENT, (comment.len() + 1) as u8];
-    v.extend_from_slice(comment.as_bytes());
-    v.push(0);
+/// A rule's userdata: the comment TLV nft reads (when there is a comment), then
+/// our fingerprint TLV.
+fn rule_userdata(comment: Option<&str>, fp: u64) -> Vec<u8> {
+    let mut v = match comment {
+        Some(c) => comment_userdata(NFTNL_UDATA_RULE_COMMENT, c),
+        None => Vec::new(),
+    };
+    v.extend_from_slice(&[KNLP_UDATA_RULE_FINGERPRINT, 8]);
+    v.extend_from_slice(&fp.to_be_bytes());
     v
 }
 
@@ -471,6 +494,12 @@ pub(crate) fn new_chain(table: &str, chain: &Chain) -> nl::NfTablesMessage {
             nl::Hook::Priority(b.priority as u32),
         ]));
     }
+    if let Some(c) = &chain.comment {
+        a.push(nl::ChainAttribute::UserData(comment_userdata(
+            NFTNL_UDATA_CHAIN_COMMENT,
+            c,
+        )));
+    }
     nl::NfTablesMessage::NewChain(chain_msg(a))
 }
 
@@ -489,17 +518,16 @@ pub(crate) fn get_chains(table: &str) -> nl::NfTablesMessage {
     )]))
 }
 
-/// `NEWRULE { TABLE, CHAIN, EXPRESSIONS, USERDATA }` (nft's order); the comment
-/// carries the fingerprint of the expression bytes.
+/// `NEWRULE { TABLE, CHAIN, EXPRESSIONS, USERDATA }` (nft's order); the
+/// userdata holds the comment and the fingerprint (see [`rule_fingerprint`]).
 pub(crate) fn new_rule(table: &str, rule: &Rule) -> nl::NfTablesMessage {
     let exprs = expr_list(&rule.exprs);
-    let fp = fnv1a64(&emit_all(&exprs));
-    let comment = comment_with_fingerprint(rule.comment.as_deref(), fp);
+    let fp = fingerprint_of(&emit_all(&exprs), rule.comment.as_deref());
     nl::NfTablesMessage::NewRule(rule_msg(vec![
         nl::RuleAttribute::Table(table.to_string()),
         nl::RuleAttribute::Chain(rule.chain.clone()),
         nl::RuleAttribute::Expressions(exprs),
-        nl::RuleAttribute::UserData(rule_userdata(&comment)),
+        nl::RuleAttribute::UserData(rule_userdata(rule.comment.as_deref(), fp)),
     ]))
 }
 
@@ -690,12 +718,13 @@ pub(crate) fn batch_flags(msg: &nl::NfTablesMessage) -> u16 {
 
 /// A chain from a `NEWCHAIN` dump message: `(table, chain)`.
 pub(crate) fn parse_chain(m: &nl::ChainMessage) -> Option<(String, Chain)> {
-    let (mut table, mut name) = (None, None);
+    let (mut table, mut name, mut comment) = (None, None, None);
     let (mut hooknum, mut prio, mut kind) = (None, None, None);
     for a in &m.attributes {
         match a {
             nl::ChainAttribute::Table(t) => table = Some(t.clone()),
             nl::ChainAttribute::Name(n) => name = Some(n.clone()),
+            nl::ChainAttribute::UserData(u) => comment = userdata_tlv(u, NFTNL_UDATA_CHAIN_COMMENT),
             nl::ChainAttribute::Type(k) => kind = Some(k.clone()),
             nl::ChainAttribute::Hook(hook) => {
                 for h in hook {
@@ -722,7 +751,14 @@ pub(crate) fn parse_chain(m: &nl::ChainMessage) -> Option<(String, Chain)> {
         }),
         _ => None,
     };
-    Some((table?, Chain { name: name?, base }))
+    Some((
+        table?,
+        Chain {
+            name: name?,
+            base,
+            comment,
+        },
+    ))
 }
 
 fn key_type_from_nft(t: u32) -> Option<KeyType> {
@@ -928,11 +964,32 @@ pub(crate) struct ParsedRule {
     pub(crate) chain: String,
     pub(crate) handle: u64,
     pub(crate) comment: String,
+    /// Our fingerprint TLV, else the one inside an old-format comment.
+    pub(crate) fingerprint: Option<u64>,
 }
 
 /// The comment in a rule's userdata TLVs (`type u8, len u8, value`).
 fn userdata_comment(p: &[u8]) -> Option<String> {
     userdata_tlv(p, NFTNL_UDATA_RULE_COMMENT)
+}
+
+/// Our fingerprint TLV in a rule's userdata.
+fn userdata_fingerprint(p: &[u8]) -> Option<u64> {
+    let mut i = 0;
+    let mut fp = None;
+    while i + 2 <= p.len() {
+        let (t, l) = (p[i], p[i + 1] as usize);
+        let Some(v) = p.get(i + 2..i + 2 + l) else {
+            break;
+        };
+        if t == KNLP_UDATA_RULE_FINGERPRINT
+            && let Ok(b) = <[u8; 8]>::try_from(v)
+        {
+            fp = Some(u64::from_be_bytes(b));
+        }
+        i += 2 + l;
+    }
+    fp
 }
 
 /// The string of TLV `kind` in userdata TLVs (`type u8, len u8, value`).
@@ -955,6 +1012,7 @@ fn userdata_tlv(p: &[u8], kind: u8) -> Option<String> {
 
 pub(crate) fn parse_rule(m: &nl::RuleMessage) -> Option<ParsedRule> {
     let (mut table, mut chain, mut handle, mut comment) = (None, None, None, String::new());
+    let mut fingerprint = None;
     for a in &m.attributes {
         match a {
             nl::RuleAttribute::Table(t) => table = Some(t.clone()),
@@ -964,8 +1022,17 @@ pub(crate) fn parse_rule(m: &nl::RuleMessage) -> Option<ParsedRule> {
                 if let Some(c) = userdata_comment(u) {
                     comment = c;
                 }
+                fingerprint = userdata_fingerprint(u);
             }
             _ => {}
+        }
+    }
+    if fingerprint.is_none() {
+        // Written by an older version: the fingerprint was in the comment.
+        let (human, fp) = parse_comment(&comment);
+        if fp.is_some() {
+            comment = human;
+            fingerprint = fp;
         }
     }
     Some(ParsedRule {
@@ -973,6 +1040,7 @@ pub(crate) fn parse_rule(m: &nl::RuleMessage) -> Option<ParsedRule> {
         chain: chain?,
         handle: handle?,
         comment,
+        fingerprint,
     })
 }
 
@@ -1168,7 +1236,8 @@ pub fn fmt_element(e: &Element) -> String {
     out
 }
 
-fn fmt_key_value(k: &KeyValue) -> String {
+/// nft-like text of one key or data field.
+pub fn fmt_key_value(k: &KeyValue) -> String {
     match k {
         KeyValue::Addr(a) => a.to_string(),
         KeyValue::Proto(6) => "tcp".into(),

@@ -11,6 +11,7 @@ fn chain(name: &str, base: Option<(ChainType, Hook, i32)>) -> Chain {
             hook,
             priority,
         }),
+        comment: None,
     }
 }
 

@@ -302,9 +302,10 @@ impl fmt::Display for Op {
 pub struct RuleState {
     /// Kernel rule handle.
     pub handle: u64,
-    /// The full stored comment (including our `#<fingerprint>` tag).
+    /// The comment (what `nft list` prints; empty when none).
     pub comment: String,
-    /// The fingerprint parsed from the comment, if it carries one.
+    /// Our fingerprint (userdata TLV [`super::codec::KNLP_UDATA_RULE_FINGERPRINT`];
+    /// for a rule written before 0.2, the `#<hex>` tag its comment ended in).
     pub fingerprint: Option<u64>,
 }
 
@@ -1020,11 +1021,10 @@ impl NftSocket {
                 if r.table != table {
                     continue;
                 }
-                let (_, fingerprint) = parse_comment(&r.comment);
                 state.rules.entry(r.chain).or_default().push(RuleState {
                     handle: r.handle,
                     comment: r.comment,
-                    fingerprint,
+                    fingerprint: r.fingerprint,
                 });
             }
         }

@@ -128,6 +128,8 @@ pub struct Chain {
     pub name: String,
     /// Hook attachment, for base chains.
     pub base: Option<BaseChain>,
+    /// Human comment, kept in the chain's userdata like `nft … { comment "…" }`.
+    pub comment: Option<String>,
 }
 
 /// One field of a set key, with nft's datatype numbering (`TYPE_*` in nftables'

@@ -1,0 +1,361 @@
+//! `explain` and `plan` against the kernel state the daemon made, in network
+//! namespaces, checked with real connections: what explain predicts (the
+//! backend set, the source address the backend sees, reject, drop, not a
+//! service) is what a connection does; a change made behind our back shows up
+//! in explain (kernel alone and against the desired state) and in plan.
+mod common;
+use common::*;
+use std::process::Output;
+use std::time::Duration;
+
+const BIN: &str = env!("CARGO_BIN_EXE_kube-nlproxy");
+const VIP: &str = "10.96.0.90";
+const EMPTY: &str = "10.96.0.92";
+const LOCAL_VIP: &str = "10.96.0.93";
+const NODE_PORT: u16 = 30090;
+const LOCAL_NODE_PORT: u16 = 30093;
+
+fn json(out: &Output) -> serde_json::Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not JSON ({e}):\n{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+fn candidates(v: &serde_json::Value) -> Vec<String> {
+    let mut c: Vec<String> = v["candidates"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|c| c["endpoint"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    c.sort();
+    c
+}
+
+#[test]
+fn explain_predicts_what_connections_do() {
+    let mut t = Topo::new();
+    t.add_pod("client", Where::Local);
+    t.add_pod("a", Where::Local);
+    t.add_pod("b", Where::Remote);
+    let client = t.pod("client").v4.to_string();
+    let (a, b) = (t.pod("a").v4.to_string(), t.pod("b").v4.to_string());
+    let client_ns = t.pod("client").ns.clone();
+    let ext = t.ext.clone();
+    let p = Proxy::new(&t, BIN);
+    let mut local = Svc::new(
+        "local",
+        "NodePort",
+        &[LOCAL_VIP],
+        vec![nport("echo", "TCP", 80, 8080, LOCAL_NODE_PORT)],
+    );
+    local.etp = "Local".into();
+    p.write(&cluster(&[
+        Svc::new(
+            "web",
+            "NodePort",
+            &[VIP],
+            vec![nport("echo", "TCP", 80, 8080, NODE_PORT)],
+        )
+        .yaml(),
+        slice(
+            "web",
+            "v4",
+            false,
+            &[("echo", "TCP", 8080)],
+            &t.eps(&["a", "b"], false),
+        ),
+        Svc::new(
+            "empty",
+            "ClusterIP",
+            &[EMPTY],
+            vec![port("echo", "TCP", 80, 8080)],
+        )
+        .yaml(),
+        local.yaml(),
+        slice(
+            "local",
+            "v4",
+            false,
+            &[("echo", "TCP", 8080)],
+            &t.eps(&["b"], false),
+        ),
+    ]));
+    p.sync();
+
+    // plan after a sync: nothing to send.
+    let out = p.command(&["plan"], &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("plan: no operations"),
+        "{}",
+        text(&out)
+    );
+
+    // Kernel only: the flags, no source.
+    let flags: Vec<&str> = p.args.iter().map(String::as_str).collect();
+    let explain = |target: &str, from: Option<&str>, source: bool| -> Output {
+        let mut extra: Vec<&str> = vec![target, "--output", "json"];
+        if let Some(f) = from {
+            extra.extend(["--from", f]);
+        }
+        if source {
+            p.command(&["explain"], &extra)
+        } else {
+            extra.extend(flags.iter().copied());
+            p.command_bare(&["explain"], &extra)
+        }
+    };
+    let want = {
+        let mut w = vec![format!("{a}:8080"), format!("{b}:8080")];
+        w.sort();
+        w
+    };
+
+    // ClusterIP from a pod: served, both endpoints, not masqueraded.
+    let out = explain(&format!("{VIP}:80/tcp"), Some(&client), false);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let v = json(&out);
+    assert_eq!(v["outcome"], "served");
+    assert_eq!(v["service"], "default/web:echo");
+    assert_eq!(v["matched_by"], "ClusterIP");
+    assert_eq!(candidates(&v), want);
+    assert_eq!(v["masquerade"], false, "{v}");
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..12 {
+        let r = tcp(&client_ns, sa(ip(VIP), 80), OK_TIMEOUT).expect("ClusterIP answers");
+        assert_eq!(r.src.to_string(), client, "explain said: not masqueraded");
+        seen.insert(r.pod);
+    }
+    assert_eq!(seen, ["a", "b"].iter().map(|s| s.to_string()).collect());
+
+    // NodePort from outside: served, masqueraded.
+    let np = format!("{NODE_V4}:{NODE_PORT}");
+    let out = explain(&np, Some(&EXT_V4.to_string()), false);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let v = json(&out);
+    assert_eq!(v["matched_by"], "NodePort", "{v}");
+    assert_eq!(candidates(&v), want);
+    assert_eq!(v["masquerade"], true, "{v}");
+    let r = tcp(&ext, sa(NODE_V4, NODE_PORT), OK_TIMEOUT).expect("NodePort answers");
+    assert_ne!(
+        r.src,
+        std::net::IpAddr::from(EXT_V4),
+        "explain said: masqueraded"
+    );
+
+    // No endpoints: rejected (exit 3), and a connection is refused at once.
+    let out = explain(&format!("{EMPTY}:80"), Some(&client), false);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    assert!(
+        json(&out)["decided_by"]
+            .as_str()
+            .unwrap_or("")
+            .contains("no-endpoint-reject-ips"),
+        "{}",
+        text(&out)
+    );
+    assert!(tcp(&client_ns, sa(ip(EMPTY), 80), OK_TIMEOUT).is_err());
+    // A ClusterIP port no Service has: rejected too.
+    let out = explain(&format!("{VIP}:81"), None, false);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    assert!(tcp(&client_ns, sa(ip(VIP), 81), OK_TIMEOUT).is_err());
+
+    // eTP Local without a local endpoint, from outside: dropped (exit 4); the
+    // connection times out rather than being refused.
+    let out = explain(
+        &format!("{NODE_V4}:{LOCAL_NODE_PORT}"),
+        Some(&EXT_V4.to_string()),
+        false,
+    );
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out));
+    let started = std::time::Instant::now();
+    assert!(tcp(&ext, sa(NODE_V4, LOCAL_NODE_PORT), Duration::from_secs(2)).is_err());
+    assert!(
+        started.elapsed() >= Duration::from_millis(1500),
+        "dropped, not refused"
+    );
+
+    // Not a service (exit 5).
+    let out = explain("10.1.2.3:80/udp", None, false);
+    assert_eq!(out.status.code(), Some(5), "{}", text(&out));
+    // Bad input: a clear error, exit 1 (no panic).
+    let out = explain("10.1.2.3", None, false);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("IP:PORT"), "{}", text(&out));
+
+    // Behind our back: one endpoint element deleted by hand.
+    sh(&[
+        "ip",
+        "netns",
+        "exec",
+        &p.ns,
+        "nft",
+        &format!("delete element ip kube-nlproxy endpoints-ips {{ {VIP} . tcp . 80 . 1 }}"),
+    ]);
+    let out = explain(&format!("{VIP}:80"), Some(&client), false);
+    let v = json(&out);
+    let problems = v["problems"].to_string();
+    assert!(problems.contains("endpoint 1 of 2 is missing"), "{v}");
+    let out = explain(&format!("{VIP}:80"), Some(&client), true);
+    let v = json(&out);
+    let d = v["disagreements"].to_string();
+    assert!(d.contains("endpoints: the kernel has"), "{v}");
+    assert!(d.contains("the next sync would send"), "{v}");
+    // Text output says so too.
+    let out = p.command(&["explain"], &[&format!("{VIP}:80"), "--from", &client]);
+    let s = text(&out);
+    assert!(s.contains("kernel differs from the desired state"), "{s}");
+    // plan shows the repair, named by its Service port.
+    let out = p.command(&["plan"], &[]);
+    let s = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        s.contains(&format!(
+            "+ element ip endpoints-ips {VIP} . tcp . 80 . 1 : "
+        )) && s.contains("# default/web:echo"),
+        "{s}"
+    );
+    assert!(s.contains("plan: 1 operations"), "{s}");
+    let out = p.command(&["plan"], &["--output", "json"]);
+    assert_eq!(json(&out)["summary"]["operations"], 1);
+    // A sync repairs it; explain and plan agree again.
+    p.sync();
+    let out = explain(&format!("{VIP}:80"), Some(&client), true);
+    let v = json(&out);
+    assert_eq!(v["disagreements"], serde_json::json!([]), "{v}");
+    assert_eq!(v["problems"], serde_json::json!([]), "{v}");
+}
+
+/// `status` from the running daemon (`/status` on its metrics port) and, with
+/// no daemon, from the kernel; a rule added behind our back is counted as a
+/// drift repair by the daemon and named by the kernel-only status.
+#[test]
+fn status_from_the_daemon_and_from_the_kernel() {
+    let mut t = Topo::new();
+    t.add_pod("a", Where::Local);
+    t.add_pod("b", Where::Remote);
+    let mut p = Proxy::new(&t, BIN);
+    p.args.extend(
+        ["--metrics-bind-address", "127.0.0.1:10249"]
+            .iter()
+            .map(|s| s.to_string()),
+    );
+    p.write(&cluster(&[
+        Svc::new(
+            "web",
+            "ClusterIP",
+            &[VIP],
+            vec![port("echo", "TCP", 80, 8080)],
+        )
+        .yaml(),
+        slice(
+            "web",
+            "v4",
+            false,
+            &[("echo", "TCP", 8080)],
+            &t.eps(&["a", "b"], false),
+        ),
+    ]));
+    p.start();
+    assert!(
+        p.wait_table(Duration::from_secs(10), |s| s.contains(VIP)),
+        "the daemon synced"
+    );
+    let status = |p: &Proxy| -> serde_json::Value {
+        let out = p.command_bare(
+            &["status"],
+            &[
+                "--metrics-bind-address",
+                "127.0.0.1:10249",
+                "--output",
+                "json",
+            ],
+        );
+        assert!(out.status.success(), "{}", text(&out));
+        json(&out)
+    };
+    // The daemon answers once its first sync is recorded.
+    let mut v = status(&p);
+    for _ in 0..50 {
+        if v["daemon"]["syncs"].as_u64().unwrap_or(0) > 0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        v = status(&p);
+    }
+    assert_eq!(v["daemon"]["mode"], "nftables", "{v}");
+    assert_eq!(v["daemon"]["node"], "node-a", "{v}");
+    assert_eq!(v["daemon"]["last_error"], serde_json::Value::Null, "{v}");
+    assert_eq!(v["daemon"]["drift_repairs"], 0, "{v}");
+    assert_eq!(v["kernel"][0]["services"], 1, "{v}");
+    assert_eq!(v["kernel"][0]["endpoint_elements"], 2, "{v}");
+    // Behind our back: a rule in our chain. The drift check (every second)
+    // finds it and repairs; status counts it.
+    sh(&[
+        "ip",
+        "netns",
+        "exec",
+        &p.ns,
+        "nft",
+        "add",
+        "rule",
+        "ip",
+        "kube-nlproxy",
+        "services",
+        "counter",
+    ]);
+    let mut repaired = false;
+    for _ in 0..50 {
+        std::thread::sleep(Duration::from_millis(100));
+        let v = status(&p);
+        if v["daemon"]["drift_repairs"].as_u64().unwrap_or(0) >= 1
+            && v["kernel"][0]["foreign_rules"] == serde_json::json!([])
+        {
+            repaired = true;
+            break;
+        }
+    }
+    assert!(repaired, "status shows the drift repair: {}", status(&p));
+    // No daemon: status reads the kernel, and names a foreign rule.
+    p.stop();
+    sh(&[
+        "ip",
+        "netns",
+        "exec",
+        &p.ns,
+        "nft",
+        "add",
+        "rule",
+        "ip",
+        "kube-nlproxy",
+        "services",
+        "counter",
+    ]);
+    let v = status(&p);
+    assert_eq!(v["daemon"], serde_json::Value::Null, "{v}");
+    assert_eq!(v["kernel"][0]["services"], 1, "{v}");
+    assert!(
+        v["kernel"][0]["foreign_rules"]
+            .to_string()
+            .contains("services"),
+        "{v}"
+    );
+    let out = p.command_bare(&["status"], &["--metrics-bind-address", "127.0.0.1:10249"]);
+    let s = text(&out);
+    assert!(s.contains("no daemon answers"), "{s}");
+    assert!(s.contains("changed behind our back"), "{s}");
+}
