@@ -64,11 +64,19 @@ impl Env {
         for (name, at) in pods {
             t.add_pod(name, *at);
         }
-        ipn(&t.lan, &["addr", "add", &format!("{API_ADDR}/24"), "dev", "br0"]);
+        ipn(
+            &t.lan,
+            &["addr", "add", &format!("{API_ADDR}/24"), "dev", "br0"],
+        );
         let k = RealCluster::up(&t.lan, API_ADDR, apiserver_args);
         for (name, zone, a4, a6) in [
             (NODE, "zone-a", NODE_V4.to_string(), NODE_V6.to_string()),
-            (REMOTE, "zone-b", REMOTE_V4.to_string(), REMOTE_V6.to_string()),
+            (
+                REMOTE,
+                "zone-b",
+                REMOTE_V4.to_string(),
+                REMOTE_V6.to_string(),
+            ),
         ] {
             k.apply(
                 &json!({
@@ -318,7 +326,10 @@ fn services_and_endpoints_from_the_real_control_plane() {
     );
     eprintln!("control plane up after {:?}", started.elapsed());
     e.proxy.start();
-    e.k.apply(&web("NodePort", json!({"ipFamilyPolicy": "RequireDualStack"})));
+    e.k.apply(&web(
+        "NodePort",
+        json!({"ipFamilyPolicy": "RequireDualStack"}),
+    ));
 
     // The apiserver allocated and defaulted.
     let svc = e.service("web");
@@ -343,14 +354,22 @@ fn services_and_endpoints_from_the_real_control_plane() {
         e.log()
     );
     let ok = eventually(WAIT, || tcp(&client, http4, SHORT) == Err(ConnErr::Refused));
-    assert!(ok, "no-endpoint Service not rejected: {:?}", tcp(&client, http4, SHORT));
+    assert!(
+        ok,
+        "no-endpoint Service not rejected: {:?}",
+        tcp(&client, http4, SHORT)
+    );
 
     // One Ready pod.
     e.create_pod("a");
     e.wait_backends("one pod, IPv4", &client, http4, &["a"]);
     e.wait_backends("one pod, IPv6", &client, http6, &["a"]);
     let r = expect_ok("from a pod, IPv4", tcp(&client, http4, OK_TIMEOUT), &["a"]);
-    assert_eq!(r.src, IpAddr::from(client_pod.v4), "pod-to-service is not masqueraded");
+    assert_eq!(
+        r.src,
+        IpAddr::from(client_pod.v4),
+        "pod-to-service is not masqueraded"
+    );
     let r = expect_ok("from a pod, IPv6", tcp(&client, http6, OK_TIMEOUT), &["a"]);
     assert_eq!(r.src, IpAddr::from(client_pod.v6));
     expect_ok("UDP", udp(&client, sa(v4, 81), None, OK_TIMEOUT), &["a"]);
@@ -392,7 +411,10 @@ fn services_and_endpoints_from_the_real_control_plane() {
             })
         })
     });
-    assert!(terminating, "the controller wrote no serving+terminating endpoint");
+    assert!(
+        terminating,
+        "the controller wrote no serving+terminating endpoint"
+    );
     e.delete_pod("b", true);
     e.wait_backends("all terminating", &client, http4, &["a", "b"]);
     e.wait_backends("all terminating, IPv6", &client, http6, &["a", "b"]);
@@ -429,7 +451,10 @@ fn topology_hints_from_node_zone_labels() {
         &[],
     );
     e.proxy.start();
-    e.k.apply(&web("ClusterIP", json!({"trafficDistribution": "PreferClose"})));
+    e.k.apply(&web(
+        "ClusterIP",
+        json!({"trafficDistribution": "PreferClose"}),
+    ));
     let v4 = cluster_ips(&e.service("web"))[0];
     let client = e.client();
     e.create_pod("a");
@@ -439,11 +464,19 @@ fn topology_hints_from_node_zone_labels() {
             .slices("web")
             .iter()
             .flat_map(|s| s["endpoints"].as_array().cloned().unwrap_or_default())
-            .filter_map(|ep| ep["hints"]["forZones"][0]["name"].as_str().map(String::from))
+            .filter_map(|ep| {
+                ep["hints"]["forZones"][0]["name"]
+                    .as_str()
+                    .map(String::from)
+            })
             .collect();
         zones == BTreeSet::from(["zone-a".to_string(), "zone-b".to_string()])
     });
-    assert!(hinted, "no zone hints from the controller: {:?}", e.slices("web"));
+    assert!(
+        hinted,
+        "no zone hints from the controller: {:?}",
+        e.slices("web")
+    );
     e.wait_backends("same zone only", &client, sa(v4, 80), &["a"]);
     for _ in 0..20 {
         expect_ok("same zone", tcp(&client, sa(v4, 80), OK_TIMEOUT), &["a"]);
@@ -494,7 +527,15 @@ fn apiserver_restart_and_etcd_compaction_without_a_flap() {
     let curl = |path: &str, body: &str| -> Value {
         let out = nsexec(
             &e.k.netns,
-            &["curl", "-fsS", "-X", "POST", &format!("{etcd}{path}"), "-d", body],
+            &[
+                "curl",
+                "-fsS",
+                "-X",
+                "POST",
+                &format!("{etcd}{path}"),
+                "-d",
+                body,
+            ],
         );
         assert!(out.status.success(), "etcd {path}: {out:?}");
         serde_json::from_slice(&out.stdout).unwrap()
@@ -533,7 +574,11 @@ fn apiserver_restart_and_etcd_compaction_without_a_flap() {
         "restart + relist of identical objects wrote to the kernel; {}",
         e.log()
     );
-    assert_eq!(e.proxy.table(), table, "the table changed across the relist");
+    assert_eq!(
+        e.proxy.table(),
+        table,
+        "the table changed across the relist"
+    );
     eprintln!("{n} requests across the restart all answered by a");
 
     // Still following changes.
@@ -643,6 +688,10 @@ impl Env {
         let ok = eventually(timeout, || {
             spread(ns, dst, 16).is_ok_and(|(pods, _)| pods == want)
         });
-        assert!(ok, "{dst} never answered by exactly {want:?}; {}", self.log());
+        assert!(
+            ok,
+            "{dst} never answered by exactly {want:?}; {}",
+            self.log()
+        );
     }
 }

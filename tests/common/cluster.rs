@@ -148,11 +148,15 @@ impl RealCluster {
     pub fn logs(&self) -> String {
         let mut s = String::new();
         for n in ["etcd", "kube-apiserver", "kube-controller-manager"] {
-            let log = std::fs::read_to_string(self.dir.join(format!("{n}.log")))
-                .unwrap_or_default();
+            let log =
+                std::fs::read_to_string(self.dir.join(format!("{n}.log"))).unwrap_or_default();
             let lines: Vec<&str> = log.lines().collect();
             let tail = &lines[lines.len().saturating_sub(15)..];
-            s += &format!("--- {n}.log (last {} lines)\n{}\n", tail.len(), tail.join("\n"));
+            s += &format!(
+                "--- {n}.log (last {} lines)\n{}\n",
+                tail.len(),
+                tail.join("\n")
+            );
         }
         s
     }
