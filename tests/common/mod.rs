@@ -18,6 +18,7 @@
 #![allow(dead_code)]
 
 pub mod apiserver;
+pub mod cluster;
 
 use std::fmt;
 use std::fs;

@@ -1,0 +1,12 @@
+// etcd for the test cluster: the server module's own entry point.
+package main
+
+import (
+	"os"
+
+	"go.etcd.io/etcd/server/v3/etcdmain"
+)
+
+func main() {
+	etcdmain.Main(os.Args)
+}

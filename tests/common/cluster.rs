@@ -1,0 +1,176 @@
+//! A real control plane (etcd, kube-apiserver, kube-controller-manager) for tests,
+//! started by `scripts/cluster up DIR` in a network namespace of the test and
+//! stopped by `scripts/cluster down DIR` when the guard drops (also on panic).
+//!
+//! The first use on a machine builds the components (`testenv/build`, minutes);
+//! later ones reuse the cached binaries.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+/// The repository root (where `scripts/cluster` is).
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A running control plane; `scripts/cluster down` on drop, its state dir removed.
+pub struct RealCluster {
+    /// The state folder (certificates, data, logs, pidfiles, kubeconfigs).
+    pub dir: PathBuf,
+    /// The network namespace the control plane runs in.
+    pub netns: String,
+    /// The address kube-apiserver listens on (inside `netns`).
+    pub address: String,
+}
+
+impl RealCluster {
+    /// Starts a control plane in `netns`, kube-apiserver bound to `address` (an
+    /// address of that namespace). Extra kube-apiserver flags in `apiserver_args`.
+    pub fn up(netns: &str, address: &str, apiserver_args: &[&str]) -> RealCluster {
+        let dir = std::env::temp_dir().join(super::unique("knp-cluster"));
+        std::fs::create_dir_all(&dir).unwrap();
+        // The guard exists before anything starts, so a failed `up` is cleaned too.
+        let c = RealCluster {
+            dir,
+            netns: netns.to_string(),
+            address: address.to_string(),
+        };
+        c.start(apiserver_args);
+        c
+    }
+
+    /// (Re)starts whatever is not running (`scripts/cluster up`).
+    pub fn start(&self, apiserver_args: &[&str]) {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &self.netns])
+            .arg(repo().join("scripts/cluster"))
+            .arg("up")
+            .arg(&self.dir)
+            .env("KNP_CLUSTER_ADDRESS", &self.address)
+            .env("KNP_CLUSTER_APISERVER_ARGS", apiserver_args.join(" "))
+            .stdin(Stdio::null())
+            .output()
+            .expect("spawn scripts/cluster up");
+        assert!(
+            out.status.success(),
+            "scripts/cluster up {} failed: {}\n{}",
+            self.dir.display(),
+            String::from_utf8_lossy(&out.stderr),
+            self.logs()
+        );
+    }
+
+    /// Stops one component (`etcd`, `kube-apiserver`, `kube-controller-manager`).
+    pub fn stop(&self, component: &str) {
+        let out = Command::new(repo().join("scripts/cluster"))
+            .arg("stop")
+            .arg(&self.dir)
+            .arg(component)
+            .output()
+            .expect("spawn scripts/cluster stop");
+        assert!(out.status.success(), "scripts/cluster stop {component}");
+    }
+
+    /// The kubeconfig of the `kube-nlproxy` ServiceAccount (RBAC of `deploy/`).
+    pub fn nlproxy_kubeconfig(&self) -> PathBuf {
+        self.dir.join("kube-nlproxy.kubeconfig")
+    }
+
+    /// The token file that kubeconfig names.
+    pub fn nlproxy_token_file(&self) -> PathBuf {
+        self.dir.join("kube-nlproxy.token")
+    }
+
+    /// A value of `DIR/ports` (`etcd_client`, `apiserver`, ...).
+    pub fn port(&self, name: &str) -> u16 {
+        let ports = std::fs::read_to_string(self.dir.join("ports")).unwrap();
+        ports
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}=")))
+            .unwrap_or_else(|| panic!("no {name} in ports"))
+            .parse()
+            .unwrap()
+    }
+
+    /// `kubectl --kubeconfig admin.kubeconfig ARGS` in the cluster's namespace,
+    /// with `stdin` as input.
+    pub fn kubectl_in(&self, args: &[&str], stdin: &str) -> Output {
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", &self.netns, "kubectl", "--kubeconfig"])
+            .arg(self.dir.join("admin.kubeconfig"))
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn kubectl");
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(stdin.as_bytes())
+            .unwrap();
+        child.wait_with_output().unwrap()
+    }
+
+    /// `kubectl ARGS` as admin; panics when it fails; its stdout.
+    #[track_caller]
+    pub fn kubectl(&self, args: &[&str]) -> String {
+        let out = self.kubectl_in(args, "");
+        assert!(
+            out.status.success(),
+            "kubectl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// `kubectl apply -f -` of `yaml` as admin.
+    #[track_caller]
+    pub fn apply(&self, yaml: &str) {
+        let out = self.kubectl_in(&["apply", "-f", "-"], yaml);
+        assert!(
+            out.status.success(),
+            "kubectl apply: {}\n{yaml}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// A new token of the kube-nlproxy ServiceAccount (`kubectl create token` ARGS).
+    pub fn token(&self, args: &[&str]) -> String {
+        let mut v = vec!["create", "token", "-n", "kube-system", "kube-nlproxy"];
+        v.extend_from_slice(args);
+        self.kubectl(&v).trim().to_string()
+    }
+
+    /// The logs of every component, for failure messages (last lines of each).
+    pub fn logs(&self) -> String {
+        let mut s = String::new();
+        for n in ["etcd", "kube-apiserver", "kube-controller-manager"] {
+            let log =
+                std::fs::read_to_string(self.dir.join(format!("{n}.log"))).unwrap_or_default();
+            let lines: Vec<&str> = log.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(15)..];
+            s += &format!(
+                "--- {n}.log (last {} lines)\n{}\n",
+                tail.len(),
+                tail.join("\n")
+            );
+        }
+        s
+    }
+}
+
+impl Drop for RealCluster {
+    fn drop(&mut self) {
+        let _ = Command::new(repo().join("scripts/cluster"))
+            .arg("down")
+            .arg(&self.dir)
+            .stdout(Stdio::null())
+            .status();
+        if std::env::var_os("KNP_KEEP_CLUSTER").is_none() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
