@@ -22,9 +22,8 @@ mod common;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::thread::{self, JoinHandle};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::apiserver::{FakeApiServer, Resource};
@@ -302,66 +301,6 @@ impl Drop for NftMonitor {
         let _ = self.child.kill();
         let _ = self.child.wait();
         let _ = std::fs::remove_file(&self.out);
-    }
-}
-
-/// Requests a TCP service from a namespace every ~100 ms until stopped.
-struct Prober {
-    stop: Arc<AtomicBool>,
-    handle: Option<JoinHandle<Vec<(Duration, Res)>>>,
-}
-
-impl Prober {
-    fn start(ns: &str, dst: SocketAddr) -> Prober {
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
-        let ns = ns.to_string();
-        let handle = thread::spawn(move || {
-            let start = Instant::now();
-            let mut out = Vec::new();
-            while !flag.load(Ordering::Relaxed) {
-                let t = Instant::now();
-                out.push((start.elapsed(), tcp(&ns, dst, OK_TIMEOUT)));
-                if let Some(rest) = Duration::from_millis(100).checked_sub(t.elapsed()) {
-                    thread::sleep(rest);
-                }
-            }
-            out
-        });
-        Prober {
-            stop,
-            handle: Some(handle),
-        }
-    }
-
-    /// Stops and checks that every request was answered by `pod` seeing `src`;
-    /// returns how many requests were made.
-    #[track_caller]
-    fn finish(mut self, what: &str, pod: &str, src: IpAddr) -> usize {
-        self.stop.store(true, Ordering::Relaxed);
-        let results = self.handle.take().unwrap().join().expect("prober panicked");
-        let bad: Vec<String> = results
-            .iter()
-            .filter(|(_, r)| !matches!(r, Ok(rep) if rep.pod == pod && rep.src == src))
-            .map(|(at, r)| format!("at {at:?}: {r:?}"))
-            .collect();
-        assert!(
-            bad.is_empty(),
-            "{what}: {} of {} requests not answered by {pod} seeing {src}:\n  {}",
-            bad.len(),
-            results.len(),
-            bad.join("\n  ")
-        );
-        results.len()
-    }
-}
-
-impl Drop for Prober {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(h) = self.handle.take() {
-            let _ = h.join();
-        }
     }
 }
 
