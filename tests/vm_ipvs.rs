@@ -23,26 +23,10 @@ use common::*;
 use std::io::Write;
 use std::net::IpAddr;
 use std::os::fd::AsRawFd;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-fn bin() -> PathBuf {
-    std::env::var_os("KUBE_NLPROXY_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_kube-nlproxy")))
-}
-
-/// `true` (after saying so on stderr) when the test must not run: outside the VM.
 fn skip(test: &str) -> bool {
-    if std::env::var_os("KNP_VM").is_some() {
-        return false;
-    }
-    let _ = writeln!(
-        std::io::stderr(),
-        "vm_ipvs::{test}: SKIPPED (passes without testing): not inside the test VM \
-         (KNP_VM unset); run vm-tests/run-tests vm_ipvs"
-    );
-    true
+    skip_outside_vm("vm_ipvs", test)
 }
 
 fn ipvs_args() -> Vec<String> {
@@ -54,7 +38,7 @@ fn ipvs_args() -> Vec<String> {
 fn ipvs_proxy(t: &Topo) -> Proxy {
     let args = ipvs_args();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    Proxy::new(t, bin()).with_args(&args)
+    Proxy::new(t, proxy_bin()).with_args(&args)
 }
 
 fn node(t: &Topo, args: &[&str]) -> String {
@@ -663,7 +647,7 @@ fn ipvs_mode_switch() {
         .yaml(),
         slice("sw", "v4", false, &HTTP, &t.eps(&["b"], false)),
     ]);
-    let nft = Proxy::new(&t, bin());
+    let nft = Proxy::new(&t, proxy_bin());
     nft.write(&manifests);
     let ipvs = ipvs_proxy(&t);
     ipvs.write(&manifests);

@@ -8,8 +8,6 @@
 mod common;
 use common::*;
 
-use std::io::Write as _;
-use std::path::PathBuf;
 use std::time::Duration;
 
 const VIP: &str = "10.96.0.60";
@@ -17,21 +15,7 @@ const DNS: &str = "10.96.0.61";
 const SYNC_PERIOD: Duration = Duration::from_secs(3);
 
 fn skip(test: &str) -> bool {
-    if std::env::var_os("KNP_VM").is_some() {
-        return false;
-    }
-    let _ = writeln!(
-        std::io::stderr(),
-        "vm_ipvs_resilience::{test}: SKIPPED (passes without testing): not inside the test VM; \
-         run vm-tests/run-tests vm_ipvs_resilience"
-    );
-    true
-}
-
-fn bin() -> PathBuf {
-    std::env::var_os("KUBE_NLPROXY_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_kube-nlproxy")))
+    skip_outside_vm("vm_ipvs_resilience", test)
 }
 
 fn node(t: &Topo, cmd: &str) -> String {
@@ -48,7 +32,7 @@ fn proxy(t: &Topo) -> Proxy {
     let mut args = default_args();
     args.extend(["--proxy-mode", "ipvs", "--sync-period", "3s"].map(String::from));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let p = Proxy::new(t, bin()).with_args(&args);
+    let p = Proxy::new(t, proxy_bin()).with_args(&args);
     p.write(&cluster(&[
         Svc::new(
             "web",

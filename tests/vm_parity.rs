@@ -22,26 +22,10 @@ use common::*;
 use std::collections::BTreeSet;
 use std::io::Write;
 use std::net::{IpAddr, SocketAddr};
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-fn bin() -> PathBuf {
-    std::env::var_os("KUBE_NLPROXY_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_kube-nlproxy")))
-}
-
-/// `true` (after saying so on stderr) when the test must not run: outside the VM.
 fn skip(test: &str) -> bool {
-    if std::env::var_os("KNP_VM").is_some() {
-        return false;
-    }
-    let _ = writeln!(
-        std::io::stderr(),
-        "vm_parity::{test}: SKIPPED (passes without testing): not inside the test VM \
-         (KNP_VM unset); run vm-tests/run-tests vm_parity"
-    );
-    true
+    skip_outside_vm("vm_parity", test)
 }
 
 const HTTP: [(&str, &str, u16); 1] = [("http", "TCP", 8080)];
@@ -329,7 +313,7 @@ fn run_table(mode: &str) {
     let mut args = default_args();
     args.extend(["--proxy-mode".to_string(), mode.to_string()]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let p = Proxy::new(&t, bin()).with_args(&args);
+    let p = Proxy::new(&t, proxy_bin()).with_args(&args);
     p.write(&manifests(&t));
     p.sync();
     let started = Instant::now();
@@ -403,7 +387,7 @@ fn ipvs_timeouts_and_affinity() {
         .map(String::from),
     );
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let p = Proxy::new(&t, bin()).with_args(&args);
+    let p = Proxy::new(&t, proxy_bin()).with_args(&args);
     let aff = Svc {
         affinity: true,
         ..Svc::new(

@@ -54,6 +54,29 @@ pub const ECHO_PORT: u16 = 9000;
 
 /// Timeout used when a connection is expected to succeed.
 pub const OK_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The kube-nlproxy binary under test: `KUBE_NLPROXY_BIN` (the VM runner's copy),
+/// else cargo's.
+pub fn proxy_bin() -> PathBuf {
+    std::env::var_os("KUBE_NLPROXY_BIN")
+        .map(PathBuf::from)
+        .or_else(|| option_env!("CARGO_BIN_EXE_kube-nlproxy").map(PathBuf::from))
+        .expect("KUBE_NLPROXY_BIN is unset and this is not a cargo test build")
+}
+
+/// `true` (after saying so on stderr) when the VM-only test `binary::test` runs
+/// outside the test VM (`KNP_VM` unset).
+pub fn skip_outside_vm(binary: &str, test: &str) -> bool {
+    if std::env::var_os("KNP_VM").is_some() {
+        return false;
+    }
+    let _ = writeln!(
+        io::stderr(),
+        "{binary}::{test}: SKIPPED (passes without testing): not inside the test VM \
+         (KNP_VM unset); run vm-tests/run-tests {binary}"
+    );
+    true
+}
 /// Timeout used when a connection is expected to be dropped.
 pub const DROP_TIMEOUT: Duration = Duration::from_millis(1200);
 
