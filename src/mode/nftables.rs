@@ -651,7 +651,8 @@ type Class = (u32, u32);
 /// What one service port put into the table, to take it out again.
 #[derive(Debug, Clone, Default, PartialEq)]
 struct Contribution {
-    elements: Vec<(SetId, Element)>,
+    /// Shared with the claims (one copy of each element).
+    elements: Vec<(SetId, Arc<Element>)>,
     classes: Vec<Class>,
     prefixes: Vec<u8>,
     /// Entry points (`address . proto . port`) with ClientIP affinity and the
@@ -686,11 +687,11 @@ fn inputs_hash(svc: &ServicePort, endpoints: &[Endpoint]) -> u64 {
 /// Almost every key has one claim, so this is a short sorted vector (a `BTreeMap`
 /// would allocate a whole node of eleven entries per key).
 #[derive(Debug, Clone, Default)]
-struct Claims(Vec<(Arc<ServicePortName>, Element)>);
+struct Claims(Vec<(Arc<ServicePortName>, Arc<Element>)>);
 
 impl Claims {
     /// The element in the kernel: the first claimer's.
-    fn first(&self) -> Option<&Element> {
+    fn first(&self) -> Option<&Arc<Element>> {
         self.0.first().map(|(_, e)| e)
     }
 
@@ -699,7 +700,7 @@ impl Claims {
         self.0.iter().map(|(n, _)| &**n).find(|n| *n != name)
     }
 
-    fn insert(&mut self, name: Arc<ServicePortName>, element: Element) {
+    fn insert(&mut self, name: Arc<ServicePortName>, element: Arc<Element>) {
         match self.0.binary_search_by(|(n, _)| (**n).cmp(&*name)) {
             Ok(i) => self.0[i].1 = element,
             Err(i) => {
@@ -760,7 +761,7 @@ impl FamilyRenderer {
                     .get_mut(&set.name())
                     .expect("every claimed set is in the skeleton")
                     .elements
-                    .insert(e.clone());
+                    .insert(Element::clone(e));
             }
         }
         t
@@ -851,7 +852,7 @@ impl FamilyRenderer {
         node_changed: bool,
     ) -> (TableDelta, RenderStats) {
         let no_endpoints: Vec<Endpoint> = Vec::new();
-        let mut touched: HashMap<(SetId, Vec<KeyValue>), Option<Element>> = HashMap::new();
+        let mut touched: HashMap<(SetId, Vec<KeyValue>), Option<Arc<Element>>> = HashMap::new();
         let mut conflicts = Vec::new();
         let old_classes: BTreeSet<Class> = self.classes.keys().copied().collect();
         let old_prefixes: BTreeSet<u8> = self.prefixes.keys().copied().collect();
@@ -924,14 +925,14 @@ impl FamilyRenderer {
                     .delete_elements
                     .entry(set_name.clone())
                     .or_default()
-                    .push(b);
+                    .push(Arc::unwrap_or_clone(b));
             }
             if let Some(a) = after {
                 delta
                     .add_elements
                     .entry(set_name)
                     .or_default()
-                    .push(a.clone());
+                    .push(Element::clone(a));
             }
         }
         for elements in delta
@@ -954,7 +955,7 @@ impl FamilyRenderer {
         &mut self,
         name: &ServicePortName,
         contribution: &Contribution,
-        touched: &mut HashMap<(SetId, Vec<KeyValue>), Option<Element>>,
+        touched: &mut HashMap<(SetId, Vec<KeyValue>), Option<Arc<Element>>>,
     ) {
         for (set, element) in &contribution.elements {
             let key = (*set, claim_key(*set, &element.key));
@@ -981,7 +982,7 @@ impl FamilyRenderer {
         &mut self,
         name: &ServicePortName,
         contribution: &Contribution,
-        touched: &mut HashMap<(SetId, Vec<KeyValue>), Option<Element>>,
+        touched: &mut HashMap<(SetId, Vec<KeyValue>), Option<Arc<Element>>>,
         conflicts: &mut Vec<String>,
     ) {
         let owner = Arc::new(name.clone());
@@ -1037,9 +1038,11 @@ impl FamilyRenderer {
         let push = |out: &mut Contribution, set: SetId, key: Vec<KeyValue>, data: Vec<KeyValue>| {
             out.elements.push((
                 set,
-                Element::new(key)
-                    .with_data(data)
-                    .with_comment(comment.clone()),
+                Arc::new(
+                    Element::new(key)
+                        .with_data(data)
+                        .with_comment(comment.clone()),
+                ),
             ));
         };
         // Traffic from `entry` at `key` goes to `eps`.
@@ -1116,7 +1119,10 @@ impl FamilyRenderer {
         if let Some(cip) = svc.cluster_ip {
             out.elements.push((
                 SetId::ClusterIps,
-                Element::new(vec![KeyValue::Addr(cip)]).with_comment(service_comment(&svc.name)),
+                Arc::new(
+                    Element::new(vec![KeyValue::Addr(cip)])
+                        .with_comment(service_comment(&svc.name)),
+                ),
             ));
             let key = vec![
                 KeyValue::Addr(cip),
@@ -1209,8 +1215,10 @@ impl FamilyRenderer {
             if hairpin.insert(ep.ip) {
                 out.elements.push((
                     SetId::Hairpin,
-                    Element::new(vec![KeyValue::Addr(ep.ip), KeyValue::Addr(ep.ip)])
-                        .with_comment(port_comment(&svc.name)),
+                    Arc::new(
+                        Element::new(vec![KeyValue::Addr(ep.ip), KeyValue::Addr(ep.ip)])
+                            .with_comment(port_comment(&svc.name)),
+                    ),
                 ));
             }
         }
