@@ -291,7 +291,8 @@ fn commit_tables(d: &IpvsDesired) {
 }
 
 fn nft_rule_count(table: &str) -> usize {
-    // Rules are the lines of a chain body that are not the chain's `type` line.
+    // Rules are the lines of a chain body that are not the chain's `type` or
+    // `comment` line.
     let mut n = 0;
     let mut in_chain = false;
     for line in table.lines().map(str::trim) {
@@ -303,7 +304,13 @@ fn nft_rule_count(table: &str) -> usize {
             in_chain = false;
             continue;
         }
-        if in_chain && !line.is_empty() && line != "}" && !line.starts_with("type ") {
+        // A chain's own comment is a line of its own (a rule's ends its line).
+        if in_chain
+            && !line.is_empty()
+            && line != "}"
+            && !line.starts_with("type ")
+            && !line.starts_with("comment ")
+        {
             n += 1;
         }
     }
