@@ -327,6 +327,8 @@ struct Result {
     npl_count: u64,
     e2e: Vec<Duration>,
     e2e_missed: usize,
+    /// How long each ruleset dump of the end-to-end probe took.
+    dumps: Vec<Duration>,
     cpu_per_change: f64,
     rss_peak: u64,
 }
@@ -548,19 +550,22 @@ impl Bench {
                 let mut last = s.generation().unwrap();
                 ready_tx.send(()).unwrap();
                 let deadline = Instant::now() + limit;
+                let mut dumps = Vec::new();
                 while Instant::now() < deadline {
                     let g = s.generation().unwrap_or(last);
                     if g != last {
                         let seen = Instant::now();
                         last = g;
-                        if addresses(&kind.dump(&ns)).contains(&want) {
-                            return Some(seen);
+                        let found = addresses(&kind.dump(&ns)).contains(&want);
+                        dumps.push(seen.elapsed());
+                        if found {
+                            return (Some(seen), dumps);
                         }
                         continue;
                     }
                     std::thread::sleep(Duration::from_micros(200));
                 }
-                None
+                (None, dumps)
             });
             ready_rx.recv().unwrap();
             let wrote = Instant::now();
@@ -576,7 +581,9 @@ impl Bench {
                     &Patch::Merge(&patch),
                 ))
                 .expect("patch EndpointSlice");
-            match poller.join().unwrap() {
+            let (seen, dumps) = poller.join().unwrap();
+            r.dumps.extend(dumps);
+            match seen {
                 Some(seen) => r.e2e.push(seen - wrote),
                 None => r.e2e_missed += 1,
             }
@@ -809,7 +816,7 @@ fn print_table(
     ];
     for (label, get, fmt) in &rows {
         let mut line = format!("| {label} |");
-        let base = ours.and_then(|r| get(r));
+        let base = ours.and_then(get);
         for (k, r) in results {
             let v = get(r);
             let cell = match v {
@@ -832,12 +839,19 @@ fn print_table(
     println!();
     for (k, r) in results {
         if r.programmed.is_some() {
+            let mut dumps = r.dumps.clone();
+            dumps.sort();
             println!(
-                "- {}: {} of {changes} changes seen in the kernel within 60 s; {} network-programming observations; {} ClusterIPs counted",
+                "- {}: {} of {changes} changes seen in the kernel within 60 s; {} network-programming observations; {} ClusterIPs counted; {} ruleset dumps by the probe (p50 {:.1} ms, max {:.1} ms)",
                 k.name(),
                 r.e2e.len(),
                 r.npl_count,
-                r.counted
+                r.counted,
+                dumps.len(),
+                dumps
+                    .get(dumps.len() / 2)
+                    .map_or(0.0, |d| d.as_secs_f64() * 1e3),
+                dumps.last().map_or(0.0, |d| d.as_secs_f64() * 1e3),
             );
         }
     }
