@@ -39,7 +39,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::cluster::RealCluster;
-use common::{NODE, enter_ns, in_ns, ipn, sh, unique};
+use common::{NODE, Netns, enter_ns, in_ns, ipn, unique};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -53,27 +53,6 @@ const NODE_IP: &str = "10.77.0.1";
 const NS: &str = "bench";
 /// Concurrent API requests while creating the objects.
 const CONCURRENCY: usize = 32;
-
-/// A network namespace of this bench, deleted on drop (also on panic).
-struct Netns(String);
-
-impl Netns {
-    fn new(name: String) -> Netns {
-        sh(&["ip", "netns", "add", &name]);
-        let n = Netns(name);
-        ipn(&n.0, &["link", "set", "lo", "up"]);
-        n
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.0])
-            .stderr(Stdio::null())
-            .status();
-    }
-}
 
 /// A proxy process (`ip netns exec NS BIN ...`, which execs: same pid); killed on
 /// drop.

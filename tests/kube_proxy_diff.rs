@@ -28,27 +28,6 @@ const API_ADDR: &str = "10.250.0.254";
 const REQUESTS: usize = 12;
 const SHORT: Duration = Duration::from_millis(800);
 
-/// A namespace of this test, deleted on drop.
-struct Netns(String);
-
-impl Netns {
-    fn new(name: String) -> Netns {
-        sh(&["ip", "netns", "add", &name]);
-        let n = Netns(name);
-        ipn(&n.0, &["link", "set", "lo", "up"]);
-        n
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.0])
-            .stderr(Stdio::null())
-            .status();
-    }
-}
-
 /// The real kube-proxy in a node namespace; killed on drop.
 struct KubeProxy {
     child: Child,

@@ -125,6 +125,27 @@ pub fn ipn(ns: &str, args: &[&str]) -> String {
     sh(&v)
 }
 
+/// A network namespace (with `lo` up), deleted on drop (also on panic).
+pub struct Netns(pub String);
+
+impl Netns {
+    pub fn new(name: String) -> Netns {
+        sh(&["ip", "netns", "add", &name]);
+        let n = Netns(name);
+        ipn(&n.0, &["link", "set", "lo", "up"]);
+        n
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.0])
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
 /// `ip netns exec NS args...`
 pub fn nsexec(ns: &str, args: &[&str]) -> Output {
     let mut v = vec!["ip", "netns", "exec", ns];
