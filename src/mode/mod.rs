@@ -5,4 +5,4 @@ pub mod nftables;
 pub mod rules;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -35,7 +35,9 @@ fn ep(addr: &str, local: bool) -> Endpoint {
     Endpoint::ready(ip(addr), 8080, local)
 }
 
-fn table(svc: ServicePort, endpoints: Vec<Endpoint>) -> TableSpec {
+/// The desired v4 table of `svc` and its endpoints on node-a (10.77.0.1, pods
+/// 10.244.0.0/16); also what `sync::explain`'s tests explain.
+pub(crate) fn table(svc: ServicePort, endpoints: Vec<Endpoint>) -> TableSpec {
     let mut state = ClusterState {
         node: NodeInfo {
             name: "node-a".into(),

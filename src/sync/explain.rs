@@ -694,34 +694,14 @@ pub fn render_text(q: &Query, ex: &Explanation, disagree: Option<&[String]>) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mode::nftables::{NftablesOptions, NodePortAddresses, desired_table};
-    use crate::model::{
-        ClusterState, Endpoint, IpFamily, NodeInfo, Protocol, ServicePort, ServicePortName,
-        TrafficPolicy,
-    };
+    use crate::model::{Endpoint, IpFamily, Protocol, ServicePort, ServicePortName, TrafficPolicy};
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
     }
 
     fn view(svc: ServicePort, eps: Vec<Endpoint>) -> TableView {
-        let mut state = ClusterState {
-            node: NodeInfo {
-                name: "node-a".into(),
-                ips: vec![ip("10.77.0.1")],
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        state.endpoints.insert(svc.name.clone(), eps);
-        state.services.insert((svc.name.clone(), IpFamily::V4), svc);
-        let opts = NftablesOptions {
-            masquerade_all: false,
-            local_detector: detector(),
-            nodeport_addresses: NodePortAddresses::Ips(vec![ip("10.77.0.1")]),
-            masquerade_mark: 0x4000,
-        };
-        TableView::from_spec(&desired_table(&state, &opts, IpFamily::V4))
+        TableView::from_spec(&crate::mode::tests::table(svc, eps))
     }
 
     fn detector() -> LocalDetector {
