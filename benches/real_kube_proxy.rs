@@ -373,47 +373,6 @@ impl Bench {
     }
 
     fn args(&self, kind: Kind) -> (String, Vec<String>) {
-        let common_kp = |mode: &str| -> Vec<String> {
-            [
-                "--proxy-mode",
-                mode,
-                "--kubeconfig",
-                &self
-                    .cluster
-                    .dir
-                    .join("admin.kubeconfig")
-                    .display()
-                    .to_string(),
-                "--hostname-override",
-                NODE,
-                "--cluster-cidr",
-                "10.244.0.0/16",
-                "--detect-local-mode",
-                "ClusterCIDR",
-                "--nodeport-addresses",
-                "primary",
-                "--conntrack-max-per-core",
-                "0",
-                "--conntrack-tcp-timeout-established",
-                "0",
-                "--conntrack-tcp-timeout-close-wait",
-                "0",
-                "--oom-score-adj",
-                "0",
-                // Also nftables mode's minimum (kube-proxy's one MinSyncPeriod).
-                "--iptables-min-sync-period",
-                "0s",
-                "--metrics-bind-address",
-                "127.0.0.1:10249",
-                "--healthz-bind-address",
-                "127.0.0.1:10256",
-                "--v",
-                "2",
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .collect()
-        };
         match kind {
             Kind::Ours => (
                 BIN.to_string(),
@@ -442,8 +401,14 @@ impl Bench {
                 .map(|s| s.to_string())
                 .collect(),
             ),
-            Kind::Nftables => (format!("{}/kube-proxy", self.bins), common_kp("nftables")),
-            Kind::Iptables => (format!("{}/kube-proxy", self.bins), common_kp("iptables")),
+            Kind::Nftables => (
+                format!("{}/kube-proxy", self.bins),
+                self.cluster.kube_proxy_args("nftables", "10.244.0.0/16"),
+            ),
+            Kind::Iptables => (
+                format!("{}/kube-proxy", self.bins),
+                self.cluster.kube_proxy_args("iptables", "10.244.0.0/16"),
+            ),
         }
     }
 

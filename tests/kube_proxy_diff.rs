@@ -26,6 +26,8 @@ const BIN: &str = env!("CARGO_BIN_EXE_kube-nlproxy");
 /// kube-apiserver's address (on lo of the control-plane namespace).
 const API_ADDR: &str = "10.250.0.254";
 const REQUESTS: usize = 12;
+/// The pod ranges of both nodes (ClusterCIDR local detection on both sides).
+const CLUSTER_CIDR: &str = "10.244.0.0/16,fd44::/16";
 const SHORT: Duration = Duration::from_millis(800);
 
 /// The real kube-proxy in a node namespace; killed on drop.
@@ -35,39 +37,12 @@ struct KubeProxy {
 }
 
 impl KubeProxy {
-    fn start(bin_dir: &str, ns: &str, kubeconfig: &str) -> KubeProxy {
+    fn start(bin_dir: &str, ns: &str, args: &[String]) -> KubeProxy {
         let log = std::env::temp_dir().join(format!("{}.kube-proxy.log", unique("knp")));
         let child = Command::new("ip")
             .args(["netns", "exec", ns])
             .arg(format!("{bin_dir}/kube-proxy"))
-            .args([
-                "--proxy-mode",
-                "nftables",
-                "--kubeconfig",
-                kubeconfig,
-                "--hostname-override",
-                NODE,
-                "--cluster-cidr",
-                "10.244.0.0/16,fd44::/16",
-                "--detect-local-mode",
-                "ClusterCIDR",
-                "--nodeport-addresses",
-                "primary",
-                "--conntrack-max-per-core",
-                "0",
-                "--conntrack-tcp-timeout-established",
-                "0",
-                "--conntrack-tcp-timeout-close-wait",
-                "0",
-                "--oom-score-adj",
-                "0",
-                "--metrics-bind-address",
-                "127.0.0.1:10249",
-                "--healthz-bind-address",
-                "127.0.0.1:10256",
-                "--v",
-                "2",
-            ])
+            .args(args)
             .stdout(Stdio::null())
             .stderr(Stdio::from(fs::File::create(&log).unwrap()))
             .spawn()
@@ -324,7 +299,7 @@ fn same_outcomes_as_kube_proxy_nftables() {
     let mut ours = Proxy::new(&t1, BIN).with_kube_source(&k.nlproxy_kubeconfig());
     ours.args = vec![
         "--cluster-cidr".into(),
-        "10.244.0.0/16,fd44::/16".into(),
+        CLUSTER_CIDR.into(),
         "--detect-local-mode".into(),
         "ClusterCIDR".into(),
     ];
@@ -332,7 +307,7 @@ fn same_outcomes_as_kube_proxy_nftables() {
     let upstream = KubeProxy::start(
         &bins,
         &t2.node,
-        &k.dir.join("admin.kubeconfig").display().to_string(),
+        &k.kube_proxy_args("nftables", CLUSTER_CIDR),
     );
 
     let mut rng = Rng(seed);

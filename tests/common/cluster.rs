@@ -137,6 +137,49 @@ impl RealCluster {
         );
     }
 
+    /// The command line of the real kube-proxy (`testenv/`) in `mode` (`nftables`,
+    /// `iptables`) on node [`NODE`](super::NODE) of this cluster, as admin: the pod
+    /// ranges `cluster_cidr` (ClusterCIDR local detection), NodePorts on the primary
+    /// node IP, no conntrack or OOM tuning (a test namespace has none of its own),
+    /// no minimum sync period, metrics and healthz on 127.0.0.1 (10249, 10256).
+    pub fn kube_proxy_args(&self, mode: &str, cluster_cidr: &str) -> Vec<String> {
+        let kubeconfig = self.dir.join("admin.kubeconfig").display().to_string();
+        [
+            "--proxy-mode",
+            mode,
+            "--kubeconfig",
+            &kubeconfig,
+            "--hostname-override",
+            super::NODE,
+            "--cluster-cidr",
+            cluster_cidr,
+            "--detect-local-mode",
+            "ClusterCIDR",
+            "--nodeport-addresses",
+            "primary",
+            "--conntrack-max-per-core",
+            "0",
+            "--conntrack-tcp-timeout-established",
+            "0",
+            "--conntrack-tcp-timeout-close-wait",
+            "0",
+            "--oom-score-adj",
+            "0",
+            // Also nftables mode's minimum (kube-proxy's one MinSyncPeriod).
+            "--iptables-min-sync-period",
+            "0s",
+            "--metrics-bind-address",
+            "127.0.0.1:10249",
+            "--healthz-bind-address",
+            "127.0.0.1:10256",
+            "--v",
+            "2",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    }
+
     /// A new token of the kube-nlproxy ServiceAccount (`kubectl create token` ARGS).
     pub fn token(&self, args: &[&str]) -> String {
         let mut v = vec!["create", "token", "-n", "kube-system", "kube-nlproxy"];
