@@ -8,6 +8,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::config::Config;
@@ -153,10 +154,21 @@ impl HealthIndex {
 }
 
 /// `namespace/name` of each object in `changes`.
-fn keys<T>(changes: &[((String, String), Option<T>)]) -> BTreeSet<String> {
+/// The changed EndpointSlices that still exist, `namespace/name` → their family
+/// (a deleted slice has no trigger time left; FQDN slices are not proxied).
+fn slice_families(
+    changes: &[((String, String), Option<EndpointSlice>)],
+) -> BTreeMap<String, IpFamily> {
     changes
         .iter()
-        .map(|((ns, name), _)| format!("{ns}/{name}"))
+        .filter_map(|((ns, name), slice)| {
+            let family = match slice.as_ref()?.address_type.as_str() {
+                "IPv4" => IpFamily::V4,
+                "IPv6" => IpFamily::V6,
+                _ => return None,
+            };
+            Some((format!("{ns}/{name}"), family))
+        })
         .collect()
 }
 
@@ -181,7 +193,7 @@ impl<M: Mode, H: Host> Daemon<'_, M, H> {
     /// kernel read-back a periodic or failed sync asks for.
     async fn sync(&mut self, changes: ObjectChanges) -> bool {
         let started = Instant::now();
-        let changed_slices = keys(&changes.endpoint_slices);
+        let changed_slices = slice_families(&changes.endpoint_slices);
         self.metrics
             .set_service_changes_pending(changes.services.len() as u64);
         self.metrics
@@ -248,7 +260,7 @@ impl<M: Mode, H: Host> Daemon<'_, M, H> {
         &mut self,
         synced: &Synced,
         elapsed: Duration,
-        changed_slices: &BTreeSet<String>,
+        changed_slices: &BTreeMap<String, IpFamily>,
     ) {
         self.health.updated();
         self.metrics.observe_sync_duration(elapsed);
@@ -277,9 +289,10 @@ impl<M: Mode, H: Host> Daemon<'_, M, H> {
             .add_netlink_messages(mode.name(), sent.saturating_sub(self.netlink_messages));
         self.netlink_messages = sent;
         // Network programming latency: from the change that caused an
-        // EndpointSlice update (its trigger-time annotation) to now.
+        // EndpointSlice update (its trigger-time annotation) to now, in the
+        // slice's family only (upstream: the proxier of that family observes it).
         let now = SystemTime::now();
-        for key in changed_slices {
+        for (key, family) in changed_slices {
             let Some(t) =
                 self.driver.tracker().trigger_time(key).and_then(|s| {
                     serde_json::from_value::<Time>(serde_json::Value::String(s)).ok()
@@ -290,7 +303,7 @@ impl<M: Mode, H: Host> Daemon<'_, M, H> {
             let triggered =
                 SystemTime::UNIX_EPOCH + Duration::from_nanos(t.0.as_nanosecond().max(0) as u64);
             if let Ok(latency) = now.duration_since(triggered) {
-                self.metrics.observe_network_programming(latency);
+                self.metrics.observe_network_programming(*family, latency);
             }
         }
     }

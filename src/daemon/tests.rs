@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use serde_json::json;
 
 use super::*;
@@ -96,4 +97,82 @@ async fn syncs_that_keep_failing_turn_healthz_503_and_a_good_one_turns_it_back()
     assert!(daemon.sync(ObjectChanges::default()).await);
     assert_eq!(health.healthz().code, 200);
     assert_eq!(daemon.driver.verify().unwrap(), Vec::<String>::new());
+}
+
+/// The count of `kubeproxy_network_programming_duration_seconds` for `family`.
+fn programming_count(metrics: &Metrics, family: &str) -> String {
+    let prefix =
+        format!("kubeproxy_network_programming_duration_seconds_count{{ip_family=\"{family}\"}} ");
+    metrics
+        .render()
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix).map(str::to_string))
+        .unwrap_or_default()
+}
+
+/// An EndpointSlice of `ns/web` of `family` with a trigger time (in the past).
+fn slice(name: &str, family: &str, address: &str) -> EndpointSlice {
+    let trigger = "2026-01-01T00:00:00Z";
+    serde_json::from_value(json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": name, "namespace": "ns",
+            "labels": {"kubernetes.io/service-name": "web"},
+            "annotations": {"endpoints.kubernetes.io/last-change-trigger-time": trigger}},
+        "addressType": family,
+        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+        "endpoints": [{"addresses": [address], "conditions": {"ready": true}}]
+    }))
+    .unwrap()
+}
+
+#[tokio::test]
+async fn network_programming_latency_is_observed_in_the_changed_slices_family_only() {
+    let cfg = Config {
+        hostname_override: Some("node-a".into()),
+        ..Config::default()
+    };
+    let metrics = Arc::new(Metrics::new());
+    let mut driver = Driver::new(
+        &cfg,
+        NftablesMode::new(FakeKernel::default()),
+        FakeHost::new("node-a", &[]),
+    );
+    let mut daemon = Daemon {
+        driver: &mut driver,
+        health: Arc::new(ProxyHealth::new(Duration::from_secs(30))),
+        metrics: metrics.clone(),
+        service_health: None,
+        health_index: HealthIndex::default(),
+        last_snapshot: None,
+        netlink_messages: 0,
+    };
+    assert!(daemon.sync(one_service()).await);
+    let key = |name: &str| ("ns".to_string(), name.to_string());
+
+    // An IPv4 slice changes: the IPv4 series only (upstream: the IPv4 proxier's).
+    let v4 = ObjectChanges {
+        endpoint_slices: vec![(key("web-v4"), Some(slice("web-v4", "IPv4", "10.244.1.5")))],
+        ..ObjectChanges::default()
+    };
+    assert!(daemon.sync(v4).await);
+    assert_eq!(programming_count(&metrics, "IPv4"), "1");
+    assert_eq!(programming_count(&metrics, "IPv6"), "0");
+
+    // Then an IPv6 one: the IPv6 series only.
+    let v6 = ObjectChanges {
+        endpoint_slices: vec![(key("web-v6"), Some(slice("web-v6", "IPv6", "fd44:1::5")))],
+        ..ObjectChanges::default()
+    };
+    assert!(daemon.sync(v6).await);
+    assert_eq!(programming_count(&metrics, "IPv4"), "1");
+    assert_eq!(programming_count(&metrics, "IPv6"), "1");
+
+    // A deleted slice has no trigger time left: nothing is observed.
+    let gone = ObjectChanges {
+        endpoint_slices: vec![(key("web-v4"), None)],
+        ..ObjectChanges::default()
+    };
+    assert!(daemon.sync(gone).await);
+    assert_eq!(programming_count(&metrics, "IPv4"), "1");
+    assert_eq!(programming_count(&metrics, "IPv6"), "1");
 }

@@ -248,10 +248,12 @@ impl Metrics {
         self.each_family(|pf| pf.sync_duration.observe(d.as_secs_f64()));
     }
 
-    /// `kubeproxy_network_programming_duration_seconds`: from an object's last change
-    /// trigger time (EndpointSlice annotation) to the sync that programmed it.
-    pub fn observe_network_programming(&self, d: Duration) {
-        self.each_family(|pf| pf.network_programming.observe(d.as_secs_f64()));
+    /// `kubeproxy_network_programming_duration_seconds{ip_family}`: from an
+    /// EndpointSlice's last change trigger time (its annotation) to the sync that
+    /// programmed it, in the series of the slice's family only (upstream observes
+    /// it in the proxier of that family, the one whose tracker saw the slice).
+    pub fn observe_network_programming(&self, family: IpFamily, d: Duration) {
+        self.one_family(family, |pf| pf.network_programming.observe(d.as_secs_f64()));
     }
 
     /// `kubeproxy_sync_proxy_rules_last_timestamp_seconds` = now: a sync succeeded.
@@ -610,7 +612,7 @@ mod tests {
         let m = Metrics::new().with_clock(clock.clone());
         m.observe_sync_duration(Duration::from_millis(3));
         m.observe_sync_duration(Duration::from_secs(20));
-        m.observe_network_programming(Duration::from_millis(1500));
+        m.observe_network_programming(IpFamily::V4, Duration::from_millis(1500));
         m.set_last_sync_now();
         clock.step(Duration::from_millis(500));
         m.set_last_queued_now();
