@@ -2,11 +2,17 @@
 //! from `testenv/`): two identical topologies (same addresses, separate
 //! namespaces), kube-nlproxy on the node of one, kube-proxy on the node of the
 //! other, both watching one real control plane (in a namespace of its own, reached
-//! from each node over a veth). Seeded cluster states (service type, traffic
-//! policies, affinity, endpoint conditions, topology) go in through the API; the
-//! same flows go through both nodes; the outcome of each flow (backends seen,
-//! sources seen, refused, dropped) must be equal. `KNP_DIFF_SEED` and
-//! `KNP_DIFF_STATES` choose the run (defaults: a fixed seed, 6 states).
+//! from each node over a veth). Seeded cluster states go in through the API:
+//! Service type (ClusterIP, NodePort, LoadBalancer with its ingress IP, `ipMode`
+//! VIP or Proxy, set through the status subresource), `externalIPs`,
+//! `loadBalancerSourceRanges`, external and internal traffic policy, ClientIP
+//! affinity, `trafficDistribution`, target port, and each backend pod absent,
+//! ready, not ready or terminating. The same flows (TCP and UDP; SCTP is not in
+//! the host kernel) go through both nodes, from a pod, the node, a pod of the
+//! other node and two clients outside the cluster (one of them outside some
+//! source ranges); the outcome of each flow (backends seen, sources seen,
+//! refused, dropped) must be equal. `KNP_DIFF_SEED` and `KNP_DIFF_STATES` choose
+//! the run (defaults: a fixed seed, 20 states).
 //!
 //! Known, accepted differences are listed in docs/differences-from-kube-proxy.md.
 mod common;
@@ -29,6 +35,8 @@ const REQUESTS: usize = 12;
 /// The pod ranges of both nodes (ClusterCIDR local detection on both sides).
 const CLUSTER_CIDR: &str = "10.244.0.0/16,fd44::/16";
 const SHORT: Duration = Duration::from_millis(800);
+/// The second external client (not in every `loadBalancerSourceRanges`).
+const EXT2_V4: &str = "10.77.0.101";
 
 /// The real kube-proxy in a node namespace; killed on drop.
 struct KubeProxy {
@@ -95,6 +103,12 @@ enum Cond {
 #[derive(Debug, Clone)]
 struct State {
     kind: &'static str,
+    /// `spec.externalIPs` (one address of the external range).
+    external_ip: bool,
+    /// The LB ingress has `ipMode: Proxy` (LoadBalancer only).
+    ip_mode_proxy: bool,
+    /// `spec.loadBalancerSourceRanges` (LoadBalancer only).
+    source_ranges: &'static [&'static str],
     etp: &'static str,
     itp: &'static str,
     affinity: bool,
@@ -103,17 +117,36 @@ struct State {
     pods: Vec<(&'static str, Cond)>,
 }
 
+impl State {
+    /// Whether the Service has external entry points (and so an eTP).
+    fn external(&self) -> bool {
+        self.kind != "ClusterIP" || self.external_ip
+    }
+}
+
 const BACKENDS: [&str; 3] = ["a", "b", "c"];
 
+/// The choices of `loadBalancerSourceRanges`: EXT only; EXT and the pods; the
+/// whole LAN (EXT, EXT2 and the node).
+const RANGES: [&[&str]; 3] = [
+    &["10.77.0.100/32"],
+    &["10.77.0.100/32", "10.244.0.0/16"],
+    &["10.77.0.0/24"],
+];
+
 fn generate(rng: &mut Rng) -> State {
-    let kind = rng.pick(&["ClusterIP", "NodePort", "NodePort"]);
-    State {
+    let kind = rng.pick(&["ClusterIP", "NodePort", "LoadBalancer", "LoadBalancer"]);
+    let lb = kind == "LoadBalancer";
+    let mut s = State {
         kind,
-        etp: if kind == "NodePort" {
-            rng.pick(&["Cluster", "Local"])
+        external_ip: rng.chance(40),
+        ip_mode_proxy: lb && rng.chance(15),
+        source_ranges: if lb && rng.chance(50) {
+            rng.pick(&RANGES)
         } else {
-            "Cluster"
+            &[]
         },
+        etp: "Cluster",
         itp: rng.pick(&["Cluster", "Cluster", "Local"]),
         affinity: rng.chance(25),
         prefer_close: rng.chance(30),
@@ -133,7 +166,11 @@ fn generate(rng: &mut Rng) -> State {
                 )
             })
             .collect(),
+    };
+    if s.external() {
+        s.etp = rng.pick(&["Cluster", "Local"]);
     }
+    s
 }
 
 /// What a flow saw: the backends and sources of its answered requests, and how
@@ -145,14 +182,30 @@ struct Outcome {
     failures: BTreeSet<String>,
 }
 
-fn flow(ns: &str, proto: Proto, dst: SocketAddr) -> Outcome {
+/// `REQUESTS` requests of `proto` from `ns` to `dst`, at once (a failure costs
+/// one timeout, not twelve); with `sticky` (ClientIP affinity) the first one
+/// alone, so that the others find its affinity entry.
+fn flow(ns: &str, proto: Proto, dst: SocketAddr, sticky: bool) -> Outcome {
     let mut o = Outcome {
         backends: BTreeSet::new(),
         sources: BTreeSet::new(),
         failures: BTreeSet::new(),
     };
-    for _ in 0..REQUESTS {
-        match request(ns, proto, dst, SHORT) {
+    let mut results = Vec::with_capacity(REQUESTS);
+    let first = if sticky {
+        results.push(request(ns, proto, dst, SHORT));
+        1
+    } else {
+        0
+    };
+    std::thread::scope(|sc| {
+        let handles: Vec<_> = (first..REQUESTS)
+            .map(|_| sc.spawn(|| request(ns, proto, dst, SHORT)))
+            .collect();
+        results.extend(handles.into_iter().map(|h| h.join().unwrap()));
+    });
+    for r in results {
+        match r {
             Ok(r) => {
                 o.backends.insert(r.pod);
                 o.sources.insert(r.src);
@@ -165,53 +218,134 @@ fn flow(ns: &str, proto: Proto, dst: SocketAddr) -> Outcome {
     o
 }
 
-/// The flows of a state, as (name, namespace, protocol, destination), for a topology.
-fn flows(
-    t: &Topo,
-    vip: IpAddr,
+/// The addresses of one state's Service.
+#[derive(Debug, Clone, Copy)]
+struct Addrs {
+    cluster_ip: IpAddr,
     node_port: Option<u16>,
-) -> Vec<(String, String, Proto, SocketAddr)> {
-    let mut v = vec![
-        (
-            "pod→ClusterIP tcp".to_string(),
-            t.pod("client").ns.clone(),
+    health_check_node_port: Option<u16>,
+    lb_ip: Option<IpAddr>,
+    external_ip: Option<IpAddr>,
+}
+
+/// One flow: its name, the namespace it starts in, protocol, destination; or,
+/// with `http`, one GET of a healthCheckNodePort.
+struct Flow {
+    name: String,
+    ns: String,
+    proto: Proto,
+    dst: SocketAddr,
+    http: bool,
+}
+
+impl Flow {
+    fn run(&self, sticky: bool) -> Outcome {
+        if !self.http {
+            return flow(&self.ns, self.proto, self.dst, sticky);
+        }
+        // The status and the body (JSON: the service, its local endpoints).
+        let mut o = Outcome {
+            backends: BTreeSet::new(),
+            sources: BTreeSet::new(),
+            failures: BTreeSet::new(),
+        };
+        match http_get(&self.ns, self.dst, "/") {
+            Ok((code, body)) => {
+                let body = serde_json::from_str::<Value>(&body)
+                    .map(|v| v.to_string())
+                    .unwrap_or(body);
+                o.backends.insert(format!("HTTP {code} {body}"));
+            }
+            Err(e) => {
+                o.failures.insert(e);
+            }
+        }
+        o
+    }
+}
+
+/// The flows of state `s` with addresses `a`, for topology `t` (`ext2`: a second
+/// client outside the cluster).
+fn flows(t: &Topo, ext2: &str, s: &State, a: Addrs) -> Vec<Flow> {
+    let client = t.pod("client").ns.clone();
+    let mut v = Vec::new();
+    let mut add = |name: &str, ns: &str, proto: Proto, dst: SocketAddr| {
+        v.push(Flow {
+            name: name.to_string(),
+            ns: ns.to_string(),
+            proto,
+            dst,
+            http: name.contains("healthCheckNodePort"),
+        })
+    };
+    let vip = a.cluster_ip;
+    add("pod→ClusterIP tcp", &client, Proto::Tcp, sa(vip, 80));
+    add("pod→ClusterIP udp", &client, Proto::Udp, sa(vip, 81));
+    add(
+        "pod→ClusterIP unknown port",
+        &client,
+        Proto::Tcp,
+        sa(vip, 82),
+    );
+    add("node→ClusterIP tcp", &t.node, Proto::Tcp, sa(vip, 80));
+    add(
+        "remote pod→ClusterIP tcp",
+        &t.pod("rclient").ns,
+        Proto::Tcp,
+        sa(vip, 80),
+    );
+    add("EXT→ClusterIP tcp", &t.ext, Proto::Tcp, sa(vip, 80));
+    if let Some(np) = a.node_port {
+        add("EXT→NodePort tcp", &t.ext, Proto::Tcp, sa(NODE_V4, np));
+        add("EXT→NodePort udp", &t.ext, Proto::Udp, sa(NODE_V4, np + 1));
+        add("pod→NodePort tcp", &client, Proto::Tcp, sa(NODE_V4, np));
+        add("node→NodePort tcp", &t.node, Proto::Tcp, sa(NODE_V4, np));
+    }
+    if let Some(hc) = a.health_check_node_port {
+        add(
+            "EXT→healthCheckNodePort",
+            &t.ext,
             Proto::Tcp,
-            sa(vip, 80),
-        ),
-        (
-            "pod→ClusterIP udp".to_string(),
-            t.pod("client").ns.clone(),
-            Proto::Udp,
-            sa(vip, 81),
-        ),
-        (
-            "node→ClusterIP tcp".to_string(),
-            t.node.clone(),
-            Proto::Tcp,
-            sa(vip, 80),
-        ),
-        (
-            "remote pod→ClusterIP tcp".to_string(),
-            t.pod("rclient").ns.clone(),
-            Proto::Tcp,
-            sa(vip, 80),
-        ),
-    ];
-    if let Some(np) = node_port {
-        v.push((
-            "EXT→NodePort tcp".to_string(),
-            t.ext.clone(),
-            Proto::Tcp,
-            sa(NODE_V4, np),
-        ));
-        v.push((
-            "EXT→NodePort udp".to_string(),
-            t.ext.clone(),
-            Proto::Udp,
-            sa(NODE_V4, np + 1),
-        ));
+            sa(NODE_V4, hc),
+        );
+    }
+    if let Some(lb) = a.lb_ip {
+        add("EXT→LB tcp", &t.ext, Proto::Tcp, sa(lb, 80));
+        add("EXT→LB udp", &t.ext, Proto::Udp, sa(lb, 81));
+        add("pod→LB tcp", &client, Proto::Tcp, sa(lb, 80));
+        add("node→LB tcp", &t.node, Proto::Tcp, sa(lb, 80));
+        if !s.source_ranges.is_empty() {
+            add("EXT2→LB tcp", ext2, Proto::Tcp, sa(lb, 80));
+            add("EXT2→LB udp", ext2, Proto::Udp, sa(lb, 81));
+        }
+    }
+    if let Some(eip) = a.external_ip {
+        add("EXT→externalIP tcp", &t.ext, Proto::Tcp, sa(eip, 80));
+        add("EXT→externalIP udp", &t.ext, Proto::Udp, sa(eip, 81));
+        add("pod→externalIP tcp", &client, Proto::Tcp, sa(eip, 80));
+        add("node→externalIP tcp", &t.node, Proto::Tcp, sa(eip, 80));
     }
     v
+}
+
+/// A second client outside the cluster on the LAN of `t` (10.77.0.101), reaching
+/// the external range through the node, as EXT does.
+fn add_ext2(t: &Topo) -> Netns {
+    let ns = Netns::new(unique("knp-ext2"));
+    ipn(
+        &t.lan,
+        &[
+            "link", "add", "pe2", "type", "veth", "peer", "name", "eth0", "netns", &ns.0,
+        ],
+    );
+    ipn(&t.lan, &["link", "set", "pe2", "master", "br0", "up"]);
+    ipn(
+        &ns.0,
+        &["addr", "add", &format!("{EXT2_V4}/24"), "dev", "eth0"],
+    );
+    ipn(&ns.0, &["link", "set", "eth0", "up"]);
+    ipn(&ns.0, &["route", "add", "10.78.0.0/24", "via", "10.77.0.1"]);
+    ns
 }
 
 #[test]
@@ -224,7 +358,7 @@ fn same_outcomes_as_kube_proxy_nftables() {
     let states: usize = std::env::var("KNP_DIFF_STATES")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(6);
+        .unwrap_or(20);
     eprintln!("seed {seed}, {states} states");
 
     // Two identical topologies: ours (t1) and kube-proxy's (t2).
@@ -237,6 +371,7 @@ fn same_outcomes_as_kube_proxy_nftables() {
         t.add_pod("c", Where::Remote);
         t.add_pod("rclient", Where::Remote);
     }
+    let ext2 = [add_ext2(&t1), add_ext2(&t2)];
     // The control plane's namespace, a veth to each node.
     let api = Netns::new(unique("knp-api"));
     ipn(
@@ -312,24 +447,34 @@ fn same_outcomes_as_kube_proxy_nftables() {
 
     let mut rng = Rng(seed);
     let mut diffs = Vec::new();
+    let mut flows_run = 0;
     for i in 0..states {
         let s = generate(&mut rng);
         eprintln!("state {i}: {s:?}");
         apply_state(&k, &t1, &s, i);
         let svc: Value =
             serde_json::from_str(&k.kubectl(&["get", "service", "web", "-o", "json"])).unwrap();
-        let vip = ip(svc["spec"]["clusterIP"].as_str().unwrap());
-        let node_port = svc["spec"]["ports"][0]["nodePort"]
-            .as_u64()
-            .map(|p| p as u16);
-        // Both programmed: ours holds the state's target port for a ready
-        // endpoint, or, for kube-proxy, its sync after the last write; then a
-        // pause longer than both min-sync periods.
+        let a = Addrs {
+            cluster_ip: ip(svc["spec"]["clusterIP"].as_str().unwrap()),
+            node_port: svc["spec"]["ports"][0]["nodePort"]
+                .as_u64()
+                .map(|p| p as u16),
+            health_check_node_port: svc["spec"]["healthCheckNodePort"]
+                .as_u64()
+                .map(|p| p as u16),
+            lb_ip: svc["status"]["loadBalancer"]["ingress"][0]["ip"]
+                .as_str()
+                .map(ip),
+            external_ip: svc["spec"]["externalIPs"][0].as_str().map(ip),
+        };
+        // Both programmed: a pause longer than both min-sync periods and
+        // kube-proxy's EndpointSlice round trip.
         std::thread::sleep(Duration::from_secs(4));
-        for ((name, ns1, proto, dst), (_, ns2, _, _)) in flows(&t1, vip, node_port)
+        for (f1, f2) in flows(&t1, &ext2[0].0, &s, a)
             .into_iter()
-            .zip(flows(&t2, vip, node_port))
+            .zip(flows(&t2, &ext2[1].0, &s, a))
         {
+            let name = &f1.name;
             if s.affinity && name.starts_with("remote") {
                 // Works only when the sticky backend is on another node than the
                 // client (the reply bypasses node-a otherwise): chance, per side.
@@ -339,8 +484,12 @@ fn same_outcomes_as_kube_proxy_nftables() {
             // syncing the state).
             let mut last = None;
             let same = (0..3).any(|_| {
-                let (mut o1, mut o2) = (flow(&ns1, proto, dst), flow(&ns2, proto, dst));
-                if s.affinity {
+                let (mut o1, mut o2) = std::thread::scope(|sc| {
+                    let h1 = sc.spawn(|| f1.run(s.affinity));
+                    let h2 = sc.spawn(|| f2.run(s.affinity));
+                    (h1.join().unwrap(), h2.join().unwrap())
+                });
+                if s.affinity && !f1.http {
                     // ClientIP affinity: one backend, which one is chance, and so
                     // is the source seen (the node's address towards that backend).
                     for o in [&mut o1, &mut o2] {
@@ -356,6 +505,7 @@ fn same_outcomes_as_kube_proxy_nftables() {
                 same
             });
             let (o1, o2) = last.unwrap();
+            flows_run += 1;
             if same {
                 eprintln!("  same  {name}: {o1:?}");
             } else {
@@ -366,7 +516,11 @@ fn same_outcomes_as_kube_proxy_nftables() {
             }
         }
     }
-    eprintln!("{states} states in {:?}", started.elapsed());
+    eprintln!(
+        "{states} states, {flows_run} flows, {} divergence(s) in {:?}",
+        diffs.len(),
+        started.elapsed()
+    );
     assert!(
         diffs.is_empty(),
         "{} divergence(s) from kube-proxy:\n  {}\nkube-proxy log tail:\n{}",
@@ -382,8 +536,8 @@ fn same_outcomes_as_kube_proxy_nftables() {
     );
 }
 
-/// Puts state `s` into the API: the Service `web` replaced, the pods recreated
-/// with their conditions.
+/// Puts state `s` into the API: the Service `web` replaced (its LB ingress set
+/// through the status subresource), the pods recreated with their conditions.
 fn apply_state(k: &RealCluster, t: &Topo, s: &State, i: usize) {
     let _ = k.kubectl_in(&["delete", "service", "web", "--ignore-not-found"], "");
     let _ = k.kubectl_in(
@@ -400,10 +554,18 @@ fn apply_state(k: &RealCluster, t: &Topo, s: &State, i: usize) {
         "internalTrafficPolicy": s.itp,
     });
     if s.kind != "ClusterIP" {
-        spec["externalTrafficPolicy"] = json!(s.etp);
         let np = 30100 + 2 * i as u16;
         spec["ports"][0]["nodePort"] = json!(np);
         spec["ports"][1]["nodePort"] = json!(np + 1);
+    }
+    if s.external() {
+        spec["externalTrafficPolicy"] = json!(s.etp);
+    }
+    if s.external_ip {
+        spec["externalIPs"] = json!([format!("10.78.0.{}", 10 + i % 80)]);
+    }
+    if !s.source_ranges.is_empty() {
+        spec["loadBalancerSourceRanges"] = json!(s.source_ranges);
     }
     if s.affinity {
         spec["sessionAffinity"] = json!("ClientIP");
@@ -416,6 +578,21 @@ fn apply_state(k: &RealCluster, t: &Topo, s: &State, i: usize) {
             "metadata": {"name": "web", "namespace": "default"}, "spec": spec})
         .to_string(),
     );
+    if s.kind == "LoadBalancer" {
+        // No cloud controller: the test is the load balancer's provider.
+        let mode = if s.ip_mode_proxy { "Proxy" } else { "VIP" };
+        let status = json!({"status": {"loadBalancer": {"ingress": [
+            {"ip": format!("10.78.0.{}", 100 + i % 80), "ipMode": mode}]}}});
+        k.kubectl(&[
+            "patch",
+            "service",
+            "web",
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            &status.to_string(),
+        ]);
+    }
     for (name, cond) in &s.pods {
         if *cond == Cond::Absent {
             continue;
