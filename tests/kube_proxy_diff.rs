@@ -3,8 +3,9 @@
 //! namespaces), kube-nlproxy on the node of one, kube-proxy on the node of the
 //! other, both watching one real control plane (in a namespace of its own, reached
 //! from each node over a veth). Seeded cluster states go in through the API:
-//! Service type (ClusterIP, NodePort, LoadBalancer with its ingress IP, `ipMode`
-//! VIP or Proxy, set through the status subresource), `externalIPs`,
+//! Service type (ClusterIP, NodePort, LoadBalancer with its ingress IPs, `ipMode`
+//! VIP or Proxy, set through the status subresource), IP families (IPv4, IPv6
+//! or dual-stack; the flows go to each family the Service has), `externalIPs`,
 //! `loadBalancerSourceRanges`, external and internal traffic policy, ClientIP
 //! affinity, `trafficDistribution`, target port, and each backend pod absent,
 //! ready, not ready or terminating. The same flows (TCP and UDP; SCTP is not in
@@ -12,7 +13,7 @@
 //! other node and two clients outside the cluster (one of them outside some
 //! source ranges); the outcome of each flow (backends seen, sources seen,
 //! refused, dropped) must be equal. `KNP_DIFF_SEED` and `KNP_DIFF_STATES` choose
-//! the run (defaults: a fixed seed, 20 states).
+//! the run (defaults: a fixed seed, 16 states).
 //!
 //! Known, accepted differences are listed in docs/differences-from-kube-proxy.md.
 mod common;
@@ -103,6 +104,8 @@ enum Cond {
 #[derive(Debug, Clone)]
 struct State {
     kind: &'static str,
+    /// `spec.ipFamilies` (single-stack IPv4 or IPv6, or PreferDualStack).
+    families: &'static [&'static str],
     /// `spec.externalIPs` (one address of the external range).
     external_ip: bool,
     /// The LB ingress has `ipMode: Proxy` (LoadBalancer only).
@@ -139,6 +142,13 @@ fn generate(rng: &mut Rng) -> State {
     let lb = kind == "LoadBalancer";
     let mut s = State {
         kind,
+        families: rng.pick(&[
+            &["IPv4"][..],
+            &["IPv4"],
+            &["IPv4", "IPv6"],
+            &["IPv4", "IPv6"],
+            &["IPv6"],
+        ]),
         external_ip: rng.chance(40),
         ip_mode_proxy: lb && rng.chance(15),
         source_ranges: if lb && rng.chance(50) {
@@ -268,10 +278,16 @@ impl Flow {
 /// client outside the cluster).
 fn flows(t: &Topo, ext2: &str, s: &State, a: Addrs) -> Vec<Flow> {
     let client = t.pod("client").ns.clone();
+    let v6 = a.cluster_ip.is_ipv6();
+    let node: IpAddr = if v6 { NODE_V6.into() } else { NODE_V4.into() };
     let mut v = Vec::new();
     let mut add = |name: &str, ns: &str, proto: Proto, dst: SocketAddr| {
         v.push(Flow {
-            name: name.to_string(),
+            name: if v6 {
+                format!("{name} (IPv6)")
+            } else {
+                name.to_string()
+            },
             ns: ns.to_string(),
             proto,
             dst,
@@ -296,18 +312,13 @@ fn flows(t: &Topo, ext2: &str, s: &State, a: Addrs) -> Vec<Flow> {
     );
     add("EXT→ClusterIP tcp", &t.ext, Proto::Tcp, sa(vip, 80));
     if let Some(np) = a.node_port {
-        add("EXT→NodePort tcp", &t.ext, Proto::Tcp, sa(NODE_V4, np));
-        add("EXT→NodePort udp", &t.ext, Proto::Udp, sa(NODE_V4, np + 1));
-        add("pod→NodePort tcp", &client, Proto::Tcp, sa(NODE_V4, np));
-        add("node→NodePort tcp", &t.node, Proto::Tcp, sa(NODE_V4, np));
+        add("EXT→NodePort tcp", &t.ext, Proto::Tcp, sa(node, np));
+        add("EXT→NodePort udp", &t.ext, Proto::Udp, sa(node, np + 1));
+        add("pod→NodePort tcp", &client, Proto::Tcp, sa(node, np));
+        add("node→NodePort tcp", &t.node, Proto::Tcp, sa(node, np));
     }
     if let Some(hc) = a.health_check_node_port {
-        add(
-            "EXT→healthCheckNodePort",
-            &t.ext,
-            Proto::Tcp,
-            sa(NODE_V4, hc),
-        );
+        add("EXT→healthCheckNodePort", &t.ext, Proto::Tcp, sa(node, hc));
     }
     if let Some(lb) = a.lb_ip {
         add("EXT→LB tcp", &t.ext, Proto::Tcp, sa(lb, 80));
@@ -344,7 +355,15 @@ fn add_ext2(t: &Topo) -> Netns {
         &["addr", "add", &format!("{EXT2_V4}/24"), "dev", "eth0"],
     );
     ipn(&ns.0, &["link", "set", "eth0", "up"]);
+    ipn(
+        &ns.0,
+        &["addr", "add", "fd77::101/64", "dev", "eth0", "nodad"],
+    );
     ipn(&ns.0, &["route", "add", "10.78.0.0/24", "via", "10.77.0.1"]);
+    ipn(
+        &ns.0,
+        &["-6", "route", "add", "fd78::/64", "via", "fd77::1"],
+    );
     ns
 }
 
@@ -358,7 +377,7 @@ fn same_outcomes_as_kube_proxy_nftables() {
     let states: usize = std::env::var("KNP_DIFF_STATES")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(20);
+        .unwrap_or(16);
     eprintln!("seed {seed}, {states} states");
 
     // Two identical topologies: ours (t1) and kube-proxy's (t2).
@@ -412,7 +431,10 @@ fn same_outcomes_as_kube_proxy_nftables() {
     .unwrap()
     .trim()
     .to_string();
-    for (name, zone, a4) in [(NODE, "zone-a", NODE_V4), (REMOTE, "zone-b", REMOTE_V4)] {
+    for (name, zone, a4, a6) in [
+        (NODE, "zone-a", NODE_V4, NODE_V6),
+        (REMOTE, "zone-b", REMOTE_V4, REMOTE_V6),
+    ] {
         k.apply(
             &json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {
                 "topology.kubernetes.io/zone": zone, "kubernetes.io/hostname": name}}})
@@ -420,6 +442,7 @@ fn same_outcomes_as_kube_proxy_nftables() {
         );
         let status = json!({"status": {"addresses": [
             {"type": "InternalIP", "address": a4.to_string()},
+            {"type": "InternalIP", "address": a6.to_string()},
             {"type": "Hostname", "address": name}]}});
         k.kubectl(&[
             "patch",
@@ -454,26 +477,42 @@ fn same_outcomes_as_kube_proxy_nftables() {
         apply_state(&k, &t1, &s, i);
         let svc: Value =
             serde_json::from_str(&k.kubectl(&["get", "service", "web", "-o", "json"])).unwrap();
-        let a = Addrs {
-            cluster_ip: ip(svc["spec"]["clusterIP"].as_str().unwrap()),
-            node_port: svc["spec"]["ports"][0]["nodePort"]
-                .as_u64()
-                .map(|p| p as u16),
-            health_check_node_port: svc["spec"]["healthCheckNodePort"]
-                .as_u64()
-                .map(|p| p as u16),
-            lb_ip: svc["status"]["loadBalancer"]["ingress"][0]["ip"]
-                .as_str()
-                .map(ip),
-            external_ip: svc["spec"]["externalIPs"][0].as_str().map(ip),
+        // The addresses of each family the Service has.
+        let of = |v: &Value, v6: bool| -> Option<IpAddr> {
+            v.as_array()?
+                .iter()
+                .filter_map(|x| x.as_str().or_else(|| x["ip"].as_str()))
+                .map(ip)
+                .find(|a| a.is_ipv6() == v6)
         };
+        let addrs: Vec<Addrs> = [false, true]
+            .into_iter()
+            .filter_map(|v6| {
+                Some(Addrs {
+                    cluster_ip: of(&svc["spec"]["clusterIPs"], v6)?,
+                    node_port: svc["spec"]["ports"][0]["nodePort"]
+                        .as_u64()
+                        .map(|p| p as u16),
+                    health_check_node_port: svc["spec"]["healthCheckNodePort"]
+                        .as_u64()
+                        .map(|p| p as u16),
+                    lb_ip: of(&svc["status"]["loadBalancer"]["ingress"], v6),
+                    external_ip: of(&svc["spec"]["externalIPs"], v6),
+                })
+            })
+            .collect();
         // Both programmed: a pause longer than both min-sync periods and
         // kube-proxy's EndpointSlice round trip.
         std::thread::sleep(Duration::from_secs(4));
-        for (f1, f2) in flows(&t1, &ext2[0].0, &s, a)
-            .into_iter()
-            .zip(flows(&t2, &ext2[1].0, &s, a))
-        {
+        let pairs: Vec<(Flow, Flow)> = addrs
+            .iter()
+            .flat_map(|a| {
+                flows(&t1, &ext2[0].0, &s, *a)
+                    .into_iter()
+                    .zip(flows(&t2, &ext2[1].0, &s, *a))
+            })
+            .collect();
+        for (f1, f2) in pairs {
             let name = &f1.name;
             if s.affinity && name.starts_with("remote") {
                 // Works only when the sticky backend is on another node than the
@@ -552,6 +591,8 @@ fn apply_state(k: &RealCluster, t: &Topo, s: &State, i: usize) {
             {"name": "dns", "protocol": "UDP", "port": 81, "targetPort": s.target},
         ],
         "internalTrafficPolicy": s.itp,
+        "ipFamilies": s.families,
+        "ipFamilyPolicy": if s.families.len() == 2 { "PreferDualStack" } else { "SingleStack" },
     });
     if s.kind != "ClusterIP" {
         let np = 30100 + 2 * i as u16;
@@ -562,7 +603,10 @@ fn apply_state(k: &RealCluster, t: &Topo, s: &State, i: usize) {
         spec["externalTrafficPolicy"] = json!(s.etp);
     }
     if s.external_ip {
-        spec["externalIPs"] = json!([format!("10.78.0.{}", 10 + i % 80)]);
+        spec["externalIPs"] = json!([
+            format!("10.78.0.{}", 10 + i % 80),
+            format!("fd78::{:x}", 10 + i % 80)
+        ]);
     }
     if !s.source_ranges.is_empty() {
         spec["loadBalancerSourceRanges"] = json!(s.source_ranges);
@@ -582,7 +626,8 @@ fn apply_state(k: &RealCluster, t: &Topo, s: &State, i: usize) {
         // No cloud controller: the test is the load balancer's provider.
         let mode = if s.ip_mode_proxy { "Proxy" } else { "VIP" };
         let status = json!({"status": {"loadBalancer": {"ingress": [
-            {"ip": format!("10.78.0.{}", 100 + i % 80), "ipMode": mode}]}}});
+            {"ip": format!("10.78.0.{}", 100 + i % 80), "ipMode": mode},
+            {"ip": format!("fd78::{:x}", 100 + i % 80), "ipMode": mode}]}}});
         k.kubectl(&[
             "patch",
             "service",
@@ -612,7 +657,7 @@ fn apply_state(k: &RealCluster, t: &Topo, s: &State, i: usize) {
             "True"
         };
         let status = json!({"status": {"phase": "Running", "podIP": p.v4.to_string(),
-            "podIPs": [{"ip": p.v4.to_string()}],
+            "podIPs": [{"ip": p.v4.to_string()}, {"ip": p.v6.to_string()}],
             "conditions": [{"type": "Ready", "status": ready}]}});
         k.kubectl(&[
             "patch",
