@@ -1,7 +1,7 @@
 //! nftables mode as a [`Mode`]: the renderer keeps the desired tables service
 //! by service, the syncer sends the elements that changed.
 
-use crate::mode::nftables::{NftablesRenderer, TableDelta, table_summary};
+use crate::mode::nftables::{NftablesRenderer, TableDelta};
 use crate::model::{ClusterState, ServicePortName};
 use crate::sync::{Dataplane, Syncer};
 
@@ -88,7 +88,7 @@ impl<D: Dataplane> Mode for NftablesMode<D> {
     }
 
     fn verify(&mut self) -> Result<Vec<String>, ModeError> {
-        Ok(self.syncer.verify(&self.renderer.tables())?)
+        Ok(self.syncer.verify_rendered(&self.renderer)?)
     }
 
     fn cleanup(
@@ -113,6 +113,6 @@ impl<D: Dataplane> Mode for NftablesMode<D> {
     }
 
     fn summary(&self) -> Vec<String> {
-        self.renderer.tables().iter().map(table_summary).collect()
+        self.renderer.summaries()
     }
 }

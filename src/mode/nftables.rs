@@ -608,6 +608,18 @@ impl NftablesRenderer {
         self.families.iter().map(FamilyRenderer::table).collect()
     }
 
+    /// The desired tables (v4 first) as they are held, without building them:
+    /// what `--once`'s check and the summary read, so they cost no copy of
+    /// every element.
+    pub fn rendered(&self) -> impl Iterator<Item = RenderedTable<'_>> {
+        self.families.iter().map(|f| RenderedTable { family: f })
+    }
+
+    /// One summary line per table (v4 first), counted, not built.
+    pub fn summaries(&self) -> Vec<String> {
+        self.rendered().map(|t| t.summary()).collect()
+    }
+
     /// Each table's chains, rules and sets (with only node-level elements):
     /// constant size, what a drift check compares with the kernel.
     pub fn skeletons(&self) -> Vec<TableSpec> {
@@ -633,6 +645,52 @@ impl NftablesRenderer {
     /// Number of service ports held, both families.
     pub fn service_ports(&self) -> usize {
         self.families.iter().map(|f| f.services.len()).sum()
+    }
+}
+
+/// One desired table as the renderer holds it: the skeleton (chains, rules,
+/// sets and the node-level elements) and, on top of it, the first claim of
+/// every element key the services hold.
+#[derive(Debug, Clone, Copy)]
+pub struct RenderedTable<'a> {
+    family: &'a FamilyRenderer,
+}
+
+impl<'a> RenderedTable<'a> {
+    /// The skeleton: everything but the services' elements.
+    pub fn skeleton(&self) -> &'a TableSpec {
+        &self.family.skeleton
+    }
+
+    /// The services' elements, each with its set, in no particular order
+    /// (none of them is in the skeleton).
+    pub fn service_elements(&self) -> impl Iterator<Item = (SetId, &'a Element)> + 'a {
+        self.family
+            .claims
+            .iter()
+            .filter_map(|((set, _), claims)| claims.first().map(|e| (*set, &**e)))
+    }
+
+    /// The whole table, built: O(elements).
+    pub fn table(&self) -> TableSpec {
+        self.family.table()
+    }
+
+    /// What [`table_summary`] says of [`table`](Self::table), counted.
+    pub fn summary(&self) -> String {
+        let skeleton = self.skeleton();
+        let elements = skeleton
+            .sets
+            .values()
+            .map(|s| s.elements.len())
+            .sum::<usize>()
+            + self
+                .family
+                .claims
+                .values()
+                .filter(|c| !c.is_empty())
+                .count();
+        summary_line(skeleton, elements)
     }
 }
 
@@ -755,14 +813,21 @@ impl FamilyRenderer {
     /// The whole table: skeleton plus the first claim of every element key.
     fn table(&self) -> TableSpec {
         let mut t = self.skeleton.clone();
+        let mut by_set: HashMap<SetId, Vec<Element>> = HashMap::new();
         for ((set, _), claims) in &self.claims {
             if let Some(e) = claims.first() {
-                t.sets
-                    .get_mut(&set.name())
-                    .expect("every claimed set is in the skeleton")
-                    .elements
-                    .insert(Element::clone(e));
+                by_set.entry(*set).or_default().push(Element::clone(e));
             }
+        }
+        for (set, mut elements) in by_set {
+            let spec = t
+                .sets
+                .get_mut(&set.name())
+                .expect("every claimed set is in the skeleton");
+            // Built in bulk from a sorted run: far cheaper than one insert each.
+            elements.extend(std::mem::take(&mut spec.elements));
+            elements.sort_unstable();
+            spec.elements = elements.into_iter().collect();
         }
         t
     }
@@ -1843,7 +1908,10 @@ pub(crate) fn local_source_into(
 
 /// Summary numbers of a desired table, for logs and benchmarks.
 pub fn table_summary(t: &TableSpec) -> String {
-    let elements: usize = t.sets.values().map(|s| s.elements.len()).sum();
+    summary_line(t, t.sets.values().map(|s| s.elements.len()).sum())
+}
+
+fn summary_line(t: &TableSpec, elements: usize) -> String {
     format!(
         "{} {TABLE}: {} chains, {} rules, {} sets, {} elements",
         t.family.nft_name(),

@@ -12,12 +12,14 @@ pub mod fake;
 pub mod ipvs;
 pub mod runner;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use kube_nlproxy_netlink::nft::{Element, Family, KeyValue, NftSocket, Op, Set};
 
-use crate::mode::nftables::{AffinityEntry, NftablesRenderer, SetId, TABLE, TableDelta, TableSpec};
-pub use diff::{Current, TableSnapshot, delta_ops, diff, op_counts};
+use crate::mode::nftables::{
+    AffinityEntry, NftablesRenderer, RenderedTable, SetId, TABLE, TableDelta, TableSpec,
+};
+pub use diff::{Current, SetSnapshot, TableSnapshot, delta_ops, diff, op_counts};
 pub use fake::{FakeKernel, Fault, FaultPoint};
 
 /// Errors of a sync.
@@ -521,6 +523,35 @@ impl<D: Dataplane> Syncer<D> {
         Ok(false)
     }
 
+    /// [`verify`](Self::verify) against a renderer's tables without building
+    /// them: each dumped set is compared with the skeleton and the services'
+    /// elements by count and lookup. Only a table that differs is built, to
+    /// say how.
+    pub fn verify_rendered(
+        &mut self,
+        renderer: &NftablesRenderer,
+    ) -> Result<Vec<String>, SyncError> {
+        let mut differing = Vec::new();
+        for rendered in renderer.rendered() {
+            let family = rendered.skeleton().family;
+            let current = self.dataplane.dump(family, TABLE)?;
+            if current
+                .as_ref()
+                .is_some_and(|cur| holds_rendered(cur, &rendered))
+            {
+                continue;
+            }
+            let want = TableSnapshot::from_spec(&rendered.table());
+            let detail = match &current {
+                None => "missing".to_string(),
+                Some(cur) if *cur == want => continue,
+                Some(cur) => describe_difference(cur, &want),
+            };
+            differing.push(format!("{} {TABLE}: {detail}", family.nft_name()));
+        }
+        Ok(differing)
+    }
+
     /// Reads the kernel back and says which tables differ from `desired`.
     pub fn verify(&mut self, desired: &[TableSpec]) -> Result<Vec<String>, SyncError> {
         let mut differing = Vec::new();
@@ -556,6 +587,51 @@ impl<D: Dataplane> Syncer<D> {
         self.need_full = true;
         Ok(ops.len())
     }
+}
+
+/// Whether `cur` is exactly `rendered`'s table: the skeleton's chains and set
+/// definitions, and in each set its skeleton elements and services' elements
+/// and nothing else. `false` may also mean "not sure" (an element counted
+/// twice): the caller then compares the built table.
+fn holds_rendered(cur: &TableSnapshot, rendered: &RenderedTable<'_>) -> bool {
+    let skeleton = TableSnapshot::from_spec(rendered.skeleton());
+    if cur.chains != skeleton.chains || cur.sets.len() != skeleton.sets.len() {
+        return false;
+    }
+    let mut expected: BTreeMap<&str, usize> = BTreeMap::new();
+    for (name, want) in &skeleton.sets {
+        let Some(have) = cur.sets.get(name) else {
+            return false;
+        };
+        if have.set != want.set || !want.elements.iter().all(|e| have.elements.contains(e)) {
+            return false;
+        }
+        expected.insert(name, want.elements.len());
+    }
+    // The set of each id, looked up by name once.
+    let mut sets: HashMap<SetId, (&str, &SetSnapshot, usize)> = HashMap::new();
+    for (id, element) in rendered.service_elements() {
+        let entry = match sets.entry(id) {
+            std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                let name = id.name();
+                let Some((name, have)) = cur.sets.get_key_value(&name) else {
+                    return false;
+                };
+                v.insert((name.as_str(), have, 0))
+            }
+        };
+        if !entry.1.elements.contains(element) {
+            return false;
+        }
+        entry.2 += 1;
+    }
+    for (name, _, n) in sets.into_values() {
+        *expected.entry(name).or_insert(0) += n;
+    }
+    cur.sets
+        .iter()
+        .all(|(name, have)| expected.get(name.as_str()) == Some(&have.elements.len()))
 }
 
 fn describe_difference(cur: &TableSnapshot, want: &TableSnapshot) -> String {

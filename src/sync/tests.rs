@@ -546,3 +546,83 @@ fn one_endpoint_change_among_10k_sends_a_constant_handful_and_a_noop_nothing() {
     assert_eq!(syncer.dataplane.commits, commits_before);
     assert!(commits_before > commits);
 }
+
+/// `verify_rendered` (no table built) says what `verify` of the built tables
+/// says: nothing after a sync, and the same difference when an element of a
+/// service is missing, changed, or one is added that no service holds.
+#[test]
+fn verify_rendered_says_what_verify_of_the_built_tables_says() {
+    let state = two_endpoint_services(50);
+    let mut renderer = NftablesRenderer::default();
+    let mut syncer = Syncer::new(FakeKernel::default());
+    let (deltas, _) = renderer.update(&state, &opts());
+    syncer
+        .sync_incremental(&deltas, || renderer.tables())
+        .unwrap();
+    assert_eq!(
+        syncer.verify_rendered(&renderer).unwrap(),
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        syncer.verify(&renderer.tables()).unwrap(),
+        Vec::<String>::new()
+    );
+
+    let v4 = renderer.tables().remove(0);
+    let (name, set) = v4
+        .sets
+        .iter()
+        .find(|(_, s)| s.elements.len() > 10 && !s.set.data.is_empty())
+        .expect("a map with service elements");
+    let element = set.elements.iter().next().unwrap().clone();
+    let mut changed = element.clone();
+    changed.comment = Some("not ours".into());
+    // A key no service holds: the same fields, an address nothing uses.
+    let mut foreign = element.clone();
+    for field in &mut foreign.key {
+        if let KeyValue::Addr(IpAddr::V4(_)) = field {
+            *field = KeyValue::Addr(IpAddr::V4(Ipv4Addr::new(192, 0, 2, 99)));
+        }
+    }
+    assert_ne!(foreign.key, element.key);
+    let tampers: [Vec<Op>; 3] = [
+        vec![Op::DeleteElements {
+            family: v4.family,
+            table: TABLE.into(),
+            set: name.clone(),
+            elements: vec![Element::new(element.key.clone())],
+        }],
+        vec![
+            Op::DeleteElements {
+                family: v4.family,
+                table: TABLE.into(),
+                set: name.clone(),
+                elements: vec![Element::new(element.key.clone())],
+            },
+            Op::AddElements {
+                family: v4.family,
+                table: TABLE.into(),
+                set: name.clone(),
+                elements: vec![changed],
+            },
+        ],
+        vec![Op::AddElements {
+            family: v4.family,
+            table: TABLE.into(),
+            set: name.clone(),
+            elements: vec![foreign],
+        }],
+    ];
+    for tamper in tampers {
+        let mut kernel = syncer.dataplane().clone();
+        kernel.apply(&tamper).unwrap();
+        let mut tampered = Syncer::new(kernel);
+        let fast = tampered.verify_rendered(&renderer).unwrap();
+        assert_eq!(fast.len(), 1, "{tamper:?}: {fast:?}");
+        assert_eq!(
+            fast,
+            tampered.verify(&renderer.tables()).unwrap(),
+            "{tamper:?}"
+        );
+    }
+}
