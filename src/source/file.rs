@@ -621,7 +621,7 @@ pub fn parse_manifests(text: &str, origin: &str) -> (Objects, Vec<String>) {
                 .map(|&(first_line, part)| {
                     scope.spawn(move || {
                         let mut loaded = Loaded::new(origin);
-                        let clean = parse_into(&mut loaded, part, first_line);
+                        let clean = parse_documents_into(&mut loaded, part, first_line);
                         (loaded, clean)
                     })
                 })
@@ -646,8 +646,83 @@ pub fn parse_manifests(text: &str, origin: &str) -> (Objects, Vec<String>) {
         }
     }
     let mut loaded = Loaded::new(origin);
+    if parse_documents_into(&mut loaded, text, 0) {
+        return loaded.finish();
+    }
+    let mut loaded = Loaded::new(origin);
     parse_into(&mut loaded, text, 0);
     loaded.finish()
+}
+
+/// [`parse_into`], faster: each stretch of `text` between document markers is
+/// parsed from the string (the parser reads a `&str` some 25% faster than a
+/// reader). Any error returns `false`, and the caller starts over with
+/// [`parse_into`] on the whole text, so that what is skipped, where a syntax
+/// error stops and the lines named are exactly that parser's (bad input
+/// costs a second parse; good input is parsed once).
+fn parse_documents_into(loaded: &mut Loaded<'_>, text: &str, first_line: usize) -> bool {
+    if text.starts_with('%') || text.contains("\n%") {
+        // Directives belong to the document after them: no stretches.
+        return parse_into(loaded, text, first_line);
+    }
+    let origin = loaded.origin;
+    for (line, stretch) in document_stretches(text) {
+        let first_line = first_line + line;
+        let parsed = serde_saphyr::from_str_multiple_with_options::<
+            serde_saphyr::Spanned<Node>,
+            Vec<_>,
+        >(stretch, yaml_options());
+        match parsed {
+            Ok(documents) => {
+                for document in documents {
+                    let at = match document.referenced.line() {
+                        0 => origin.to_owned(),
+                        line => format!("{origin}:{}", line as usize + first_line),
+                    };
+                    loaded.add_document(document.value, &at);
+                }
+            }
+            // Any error: the reader decides what it skips and where it stops.
+            Err(_) => return false,
+        }
+    }
+    true
+}
+
+/// The stretches of `text` that start at a document marker line (and the
+/// first one at the start), each with the number of lines before it.
+fn document_stretches(text: &str) -> impl Iterator<Item = (usize, &str)> {
+    let mut rest = text;
+    let mut line = 0;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let mut offset = 0;
+        let mut lines = 0;
+        for l in rest.split_inclusive('\n') {
+            if offset > 0 && is_document_marker(l) {
+                break;
+            }
+            offset += l.len();
+            lines += 1;
+        }
+        let (stretch, after) = rest.split_at(offset);
+        let at = line;
+        rest = after;
+        line += lines;
+        Some((at, stretch))
+    })
+}
+
+/// A line that is a document marker: `---` at its start, then the end of the
+/// line or a blank (YAML forbids such a line inside any scalar).
+fn is_document_marker(line: &str) -> bool {
+    line.starts_with("---")
+        && matches!(
+            line.as_bytes().get(3),
+            None | Some(b' ' | b'\t' | b'\r' | b'\n')
+        )
 }
 
 /// Texts at least this big are parsed on several threads, split between
@@ -706,12 +781,7 @@ fn split_documents(text: &str, parts: usize) -> Vec<(usize, &str)> {
     let (mut start, mut start_line, mut line) = (0, 0, 0);
     let mut offset = 0;
     for l in text.split_inclusive('\n') {
-        let marker = l.starts_with("---")
-            && matches!(
-                l.as_bytes().get(3),
-                None | Some(b' ' | b'\t' | b'\r' | b'\n')
-            );
-        if marker && offset - start >= target && out.len() + 1 < parts {
+        if is_document_marker(l) && offset - start >= target && out.len() + 1 < parts {
             out.push((start_line, &text[start..offset]));
             start = offset;
             start_line = line;
@@ -969,6 +1039,41 @@ mod tests {
                 .filter(|w| w.contains("invalid"))
                 .collect::<Vec<_>>()
         );
+    }
+
+    #[test]
+    fn document_stretches_parse_exactly_as_the_reader() {
+        let node = |n: &str| format!("apiVersion: v1\nkind: Node\nmetadata: {{name: {n}}}\n");
+        let texts = [
+            MIXED.to_string(),
+            format!("{}...\n{}", node("a"), node("b")),
+            format!(
+                "# comment\n--- {{apiVersion: v1, kind: Node, metadata: {{name: x}}}}\n---\n{}",
+                node("y")
+            ),
+            format!("{}---\na: 1\na: 2\n---\n{}", node("a"), node("b")),
+            format!("{}---\n---\n\n---\n", node("a")),
+            format!("{}----\n{}", node("a"), node("b")),
+            "---".to_string(),
+            String::new(),
+            format!(
+                "kind: NodeList\napiVersion: v1\nitems:\n- {}",
+                node("l").replace('\n', "\n  ")
+            ),
+        ];
+        for text in &texts {
+            let mut reader = Loaded::new("t.yaml");
+            let clean = parse_into(&mut reader, text, 0);
+            let (reader, reader_warnings) = reader.finish();
+            let mut fast = Loaded::new("t.yaml");
+            // Clean text takes the fast path; the rest is parsed again.
+            assert_eq!(parse_documents_into(&mut fast, text, 0), clean, "{text:?}");
+            let (fast, fast_warnings) = parse_manifests(text, "t.yaml");
+            assert_eq!(fast.nodes, reader.nodes, "{text:?}");
+            assert_eq!(fast.services, reader.services, "{text:?}");
+            assert_eq!(fast.endpoint_slices, reader.endpoint_slices, "{text:?}");
+            assert_eq!(fast_warnings, reader_warnings, "{text:?}");
+        }
     }
 
     const MIXED: &str = r#"
