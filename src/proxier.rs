@@ -261,6 +261,9 @@ async fn run_with<M: Mode, H: Host>(
         for line in driver.mode().summary() {
             tracing::info!("{line}");
         }
+        // The process exits next: freeing every service's state one allocation
+        // at a time would only delay that (~0.1 s at 10k services).
+        std::mem::forget(driver);
         return Ok(());
     }
     driver.host_mut().apply_conntrack_settings(&cfg.conntrack);
