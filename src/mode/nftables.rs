@@ -37,6 +37,11 @@
 //!   endpoint . port` is one contiguous key too).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+/// The renderer's hash maps: keyed by element keys and service port names,
+/// hashed on every render. foldhash (per-process random seed, what hashbrown
+/// uses by default) costs a fraction of SipHash on these short keys.
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -789,8 +794,8 @@ struct FamilyRenderer {
     /// Chains and the node-level elements (`nodeport-ips`), rendered from
     /// `inputs`, `classes` and `prefixes`.
     skeleton: TableSpec,
-    services: HashMap<ServicePortName, RenderedService>,
-    claims: HashMap<(SetId, Vec<KeyValue>), Claims>,
+    services: FastMap<ServicePortName, RenderedService>,
+    claims: FastMap<(SetId, Vec<KeyValue>), Claims>,
     classes: BTreeMap<Class, usize>,
     prefixes: BTreeMap<u8, usize>,
 }
@@ -803,8 +808,8 @@ impl FamilyRenderer {
             family,
             inputs: NodeInputs::default(),
             skeleton: TableSpec::new(family),
-            services: HashMap::new(),
-            claims: HashMap::new(),
+            services: FastMap::default(),
+            claims: FastMap::default(),
             classes: BTreeMap::new(),
             prefixes: BTreeMap::new(),
         }
@@ -917,7 +922,8 @@ impl FamilyRenderer {
         node_changed: bool,
     ) -> (TableDelta, RenderStats) {
         let no_endpoints: Vec<Endpoint> = Vec::new();
-        let mut touched: HashMap<(SetId, Vec<KeyValue>), Option<Arc<Element>>> = HashMap::new();
+        let mut touched: FastMap<(SetId, Vec<KeyValue>), Option<Arc<Element>>> =
+            FastMap::default();
         let mut conflicts = Vec::new();
         let old_classes: BTreeSet<Class> = self.classes.keys().copied().collect();
         let old_prefixes: BTreeSet<u8> = self.prefixes.keys().copied().collect();
@@ -1020,7 +1026,7 @@ impl FamilyRenderer {
         &mut self,
         name: &ServicePortName,
         contribution: &Contribution,
-        touched: &mut HashMap<(SetId, Vec<KeyValue>), Option<Arc<Element>>>,
+        touched: &mut FastMap<(SetId, Vec<KeyValue>), Option<Arc<Element>>>,
     ) {
         for (set, element) in &contribution.elements {
             let key = (*set, claim_key(*set, &element.key));
@@ -1047,7 +1053,7 @@ impl FamilyRenderer {
         &mut self,
         name: &ServicePortName,
         contribution: &Contribution,
-        touched: &mut HashMap<(SetId, Vec<KeyValue>), Option<Arc<Element>>>,
+        touched: &mut FastMap<(SetId, Vec<KeyValue>), Option<Arc<Element>>>,
         conflicts: &mut Vec<String>,
     ) {
         let owner = Arc::new(name.clone());
