@@ -29,13 +29,13 @@ use kube_nlproxy_netlink::nft::{KeyValue, TableState};
 
 use super::{CurrentVs, IpvsCurrent, ipvs_service};
 use crate::mode::ipvs::{
-    CLUSTER_IP, EXTERNAL_IP, EXTERNAL_IP_LOCAL, INTERNAL_NO_LOCAL_ENDPOINTS, IPVS_IPS,
-    IpvsDesired, LOAD_BALANCER, LOAD_BALANCER_FW, LOAD_BALANCER_LOCAL, LOAD_BALANCER_SOURCE_IP,
-    LOOP_BACK, NO_LOCAL_ENDPOINTS, NODE_PORT_LOCAL_SCTP, NODE_PORT_LOCAL_TCP, NODE_PORT_LOCAL_UDP,
+    CLUSTER_IP, EXTERNAL_IP, EXTERNAL_IP_LOCAL, INTERNAL_NO_LOCAL_ENDPOINTS, IPVS_IPS, IpvsDesired,
+    LOAD_BALANCER, LOAD_BALANCER_FW, LOAD_BALANCER_LOCAL, LOAD_BALANCER_SOURCE_IP, LOOP_BACK,
+    NO_LOCAL_ENDPOINTS, NODE_PORT_LOCAL_SCTP, NODE_PORT_LOCAL_TCP, NODE_PORT_LOCAL_UDP,
     NODE_PORT_SCTP, NODE_PORT_TCP, NODE_PORT_UDP, REAL_SERVER_WEIGHT, SHORT_CIRCUIT, VsKey,
     ipset_name, nft_element, port_set_protocol, source_cidr_set,
 };
-use crate::mode::nftables::LocalDetector;
+use crate::mode::nftables::{LocalDetector, TableSpec};
 use crate::model::{IpFamily, Protocol};
 use crate::sync::explain::{
     Candidate, Explanation, Outcome, Query, TableView, element_text, from_pod, proto_name,
@@ -73,8 +73,9 @@ impl IpvsView {
         }
     }
 
-    /// From the desired state, for `family`'s table.
-    pub fn from_desired(desired: &IpvsDesired, family: IpFamily) -> Self {
+    /// From the desired state and its tables (`desired.tables` may be left
+    /// empty by the renderer), for `family`'s table.
+    pub fn from_desired(desired: &IpvsDesired, tables: &[TableSpec], family: IpFamily) -> Self {
         let nf = crate::mode::nftables::family_of(family);
         IpvsView {
             services: desired
@@ -106,8 +107,7 @@ impl IpvsView {
                 .iter()
                 .map(|(n, s)| (n.clone(), s.members.clone()))
                 .collect(),
-            table: desired
-                .tables
+            table: tables
                 .iter()
                 .find(|t| t.family == nf)
                 .map(TableView::from_spec),
@@ -321,9 +321,9 @@ fn follow(view: &IpvsView, q: &Query, sets: &mut Sets<'_>, ex: &mut Explanation)
                         "firewall-check: {s} allowed by @{}",
                         ipset_name(LOAD_BALANCER_SOURCE_IP, sets.family)
                     )),
-                    (false, Some(e)) => ex
-                        .steps
-                        .push(format!("firewall-check: {s} allowed by {e}")),
+                    (false, Some(e)) => {
+                        ex.steps.push(format!("firewall-check: {s} allowed by {e}"))
+                    }
                     (false, None) => {
                         ex.outcome = Outcome::Dropped;
                         ex.matched_by = Some("LB IP".into());
@@ -369,7 +369,10 @@ fn follow(view: &IpvsView, q: &Query, sets: &mut Sets<'_>, ex: &mut Explanation)
             (_, Some(true)) => {
                 target = (*cip, *cport);
                 short_circuited = true;
-                masq = Some((false, "a pod's traffic to externalTrafficPolicy Local".into()));
+                masq = Some((
+                    false,
+                    "a pod's traffic to externalTrafficPolicy Local".into(),
+                ));
                 ex.steps.push(format!(
                     "short-circuit {el}: a pod's connection goes to the ClusterIP's virtual server (every endpoint)"
                 ));

@@ -124,7 +124,10 @@ fn no_endpoints_is_rejected_by_the_virtual_server() {
     assert_eq!(ex.outcome, Outcome::Rejected, "{ex:#?}");
     assert_eq!(ex.outcome.exit_code(), 3);
     assert!(
-        ex.decided_by.as_deref().unwrap().contains("tcp:10.96.0.11:80"),
+        ex.decided_by
+            .as_deref()
+            .unwrap()
+            .contains("tcp:10.96.0.11:80"),
         "{ex:#?}"
     );
     assert!(render_text(&q, &ex, None).contains("REJECTED"));
@@ -168,7 +171,11 @@ fn not_a_service() {
     assert_eq!(ex.outcome, Outcome::NotAService, "{ex:#?}");
     assert_eq!(ex.outcome.exit_code(), 5);
     let ex = explain_ipvs(&v, &query("10.96.0.10:80/udp", Some("10.244.1.9")));
-    assert_eq!(ex.outcome, Outcome::Rejected, "a service IP, no UDP port: {ex:#?}");
+    assert_eq!(
+        ex.outcome,
+        Outcome::Rejected,
+        "a service IP, no UDP port: {ex:#?}"
+    );
 }
 
 #[test]
@@ -187,8 +194,7 @@ fn draining_real_server_is_shown_and_agrees_with_the_desired_state() {
     let (mut s, _) = kernel(&d);
     let svc = IpvsService::new(IpvsProtocol::Tcp, ip("10.96.0.10"), 80);
     let drained = IpvsDestination::new(ip("10.244.2.5"), 8080).weight(0);
-    s.apply(&IpvsOp::UpdateDest(svc, drained))
-        .unwrap();
+    s.apply(&IpvsOp::UpdateDest(svc, drained)).unwrap();
     let v = view_of(&s, &d);
     let q = query("10.96.0.10:80/tcp", Some("10.244.1.9"));
     let ex = explain_ipvs(&v, &q);
@@ -200,7 +206,7 @@ fn draining_real_server_is_shown_and_agrees_with_the_desired_state() {
     for vs in gone.virtual_servers.values_mut() {
         vs.real_servers.retain(|r| r.addr != ip("10.244.2.5"));
     }
-    let mut want = IpvsView::from_desired(&gone, IpFamily::V4);
+    let mut want = IpvsView::from_desired(&gone, &gone.tables, IpFamily::V4);
     want.names.clear();
     let desired = explain_ipvs(&want, &q);
     assert_eq!(disagreements_ipvs(&ex, &desired), Vec::<String>::new());
@@ -212,26 +218,29 @@ fn a_real_server_deleted_behind_our_back_is_a_disagreement() {
     let (mut s, _) = kernel(&d);
     let svc = IpvsService::new(IpvsProtocol::Tcp, ip("10.96.0.10"), 80);
     s.apply(&IpvsOp::DelDest(
-            svc,
-            IpvsDestination::new(ip("10.244.2.5"), 8080),
-        ))
-        .unwrap();
+        svc,
+        IpvsDestination::new(ip("10.244.2.5"), 8080),
+    ))
+    .unwrap();
     let mut v = view_of(&s, &d);
     v.names = IpvsView::names_of(&d);
     let q = query("10.96.0.10:80/tcp", Some("10.244.1.9"));
     let kernel = explain_ipvs(&v, &q);
-    let desired = explain_ipvs(&IpvsView::from_desired(&d, IpFamily::V4), &q);
+    let desired = explain_ipvs(&IpvsView::from_desired(&d, &d.tables, IpFamily::V4), &q);
     assert_eq!(desired.candidates.len(), 2);
     let diff = disagreements_ipvs(&kernel, &desired);
     assert_eq!(diff.len(), 1, "{diff:?}");
     assert!(diff[0].starts_with("endpoints:"), "{diff:?}");
     let text = render_text(&q, &kernel, Some(&diff));
-    assert!(text.contains("kernel differs from the desired state"), "{text}");
+    assert!(
+        text.contains("kernel differs from the desired state"),
+        "{text}"
+    );
 
     // The empty service in the desired state agrees with itself.
     let q = query("10.96.0.11:80/tcp", None);
     let k = explain_ipvs(&v, &q);
-    let d = explain_ipvs(&IpvsView::from_desired(&d, IpFamily::V4), &q);
+    let d = explain_ipvs(&IpvsView::from_desired(&d, &d.tables, IpFamily::V4), &q);
     assert_eq!(disagreements_ipvs(&k, &d), Vec::<String>::new());
 }
 
@@ -246,11 +255,14 @@ fn a_deleted_virtual_server_is_a_disagreement() {
     let kernel = explain_ipvs(&v, &q);
     assert_eq!(kernel.outcome, Outcome::Rejected, "{kernel:#?}");
     assert!(
-        kernel.problems.iter().any(|p| p.contains("no virtual server")),
+        kernel
+            .problems
+            .iter()
+            .any(|p| p.contains("no virtual server")),
         "{:?}",
         kernel.problems
     );
-    let desired = explain_ipvs(&IpvsView::from_desired(&d, IpFamily::V4), &q);
+    let desired = explain_ipvs(&IpvsView::from_desired(&d, &d.tables, IpFamily::V4), &q);
     let diff = disagreements_ipvs(&kernel, &desired);
     assert!(diff.iter().any(|x| x.starts_with("outcome:")), "{diff:?}");
 }
