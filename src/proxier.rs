@@ -613,6 +613,23 @@ pub async fn status(cfg: &Config) -> Result<(), ProxierError> {
         ProxyMode::Ipvs => Some(kernel_ipvs_status()?),
         ProxyMode::Nftables => None,
     };
+    // ipvs mode with `--source`: where the kernel differs from the desired
+    // state (IPVS has no generation id to check drift by), as plan lists it.
+    let drift = match cfg.mode {
+        ProxyMode::Ipvs if cfg.source_given => {
+            let changes = ObjectChanges::everything(load_objects(cfg).await?);
+            let (ops, _) = plan_with(ipvs_driver(cfg, false)?, changes)?;
+            Some(
+                ops.iter()
+                    .map(|p| match &p.service {
+                        Some(s) => format!("{} {}  # {s}", p.op, p.text),
+                        None => format!("{} {}", p.op, p.text),
+                    })
+                    .collect::<Vec<_>>(),
+            )
+        }
+        _ => None,
+    };
     match cfg.output {
         crate::config::Output::Json => {
             #[derive(serde::Serialize)]
@@ -621,6 +638,8 @@ pub async fn status(cfg: &Config) -> Result<(), ProxierError> {
                 kernel: &'a [KernelTableStatus],
                 #[serde(skip_serializing_if = "Option::is_none")]
                 ipvs: Option<&'a KernelIpvsStatus>,
+                #[serde(skip_serializing_if = "Option::is_none")]
+                drift: Option<&'a [String]>,
             }
             println!(
                 "{}",
@@ -628,6 +647,7 @@ pub async fn status(cfg: &Config) -> Result<(), ProxierError> {
                     daemon: daemon.as_ref(),
                     kernel: &tables,
                     ipvs: ipvs.as_ref(),
+                    drift: drift.as_deref(),
                 })
                 .unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
             );
@@ -712,6 +732,19 @@ pub async fn status(cfg: &Config) -> Result<(), ProxierError> {
                         i.ipsets
                     ),
                 }
+            }
+            match drift.as_deref() {
+                Some([]) => println!("drift: none, the kernel matches the desired state"),
+                Some(ops) => {
+                    println!(
+                        "drift: the kernel differs from the desired state; the next sync would send {} operations:",
+                        ops.len()
+                    );
+                    for op in ops.iter().take(20) {
+                        println!("  ! {op}");
+                    }
+                }
+                None => {}
             }
         }
     }
