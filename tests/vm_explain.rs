@@ -216,7 +216,7 @@ fn ipvs_explain_predicts_what_connections_do() {
         let out = p.command(&["explain"], &extra);
         let s = text(&out);
         assert_eq!(out.status.code(), Some(0), "{s}");
-        assert!(s.contains("default/web:echo/tcp (by ClusterIP)"), "{s}");
+        assert!(s.contains("default/web:echo (by ClusterIP)"), "{s}");
         assert!(s.contains("(weight 1)"), "{s}");
         assert!(s.contains("kernel and desired state agree"), "{s}");
     });

@@ -115,12 +115,21 @@ impl IpvsView {
         }
     }
 
-    /// The service port name of each desired virtual server.
+    /// The service port of each desired virtual server, as `plan` and the
+    /// nftables mode name it (`ns/name:port`).
     pub fn names_of(desired: &IpvsDesired) -> BTreeMap<VsKey, String> {
         desired
             .virtual_servers
             .iter()
-            .map(|(k, vs)| (*k, vs.service.to_string()))
+            .map(|(k, vs)| {
+                let n = &vs.service;
+                let label = if n.port_name.is_empty() {
+                    format!("{}/{}", n.namespace, n.name)
+                } else {
+                    format!("{}/{}:{}", n.namespace, n.name, n.port_name)
+                };
+                (*k, label)
+            })
             .collect()
     }
 

@@ -103,7 +103,7 @@ fn names_come_from_the_desired_state() {
     let (_, mut v) = kernel(&d);
     v.names = IpvsView::names_of(&d);
     let ex = explain_ipvs(&v, &query("10.96.0.10:80/tcp", Some("10.244.1.9")));
-    assert_eq!(ex.service.as_deref(), Some("ns/web:p/tcp"));
+    assert_eq!(ex.service.as_deref(), Some("ns/web:p"));
 }
 
 #[test]
