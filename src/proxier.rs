@@ -296,7 +296,7 @@ pub fn parse_target(s: &str) -> Result<(std::net::IpAddr, u8, u16), String> {
 /// in the kernel; with `--source`, also from the desired state, and where the
 /// two disagree. Returns the exit status (see `Outcome::exit_code`).
 pub async fn explain(cfg: &Config) -> Result<u8, ProxierError> {
-    use crate::sync::explain::{Query, TableView, disagreements, explain, render_text};
+    use crate::sync::explain::{Query, TableView, disagreements, explain};
     use kube_nlproxy_netlink::nft::{Family, NftSocket};
     let target = cfg
         .explain_target
@@ -339,6 +339,9 @@ pub async fn explain(cfg: &Config) -> Result<u8, ProxierError> {
         local_detector: crate::driver::local_detector(cfg, &Default::default()),
         masquerade_all: cfg.masquerade_all,
     };
+    if cfg.mode == ProxyMode::Ipvs {
+        return explain_ipvs_mode(cfg, target, query, state.as_ref()).await;
+    }
     let mut kernel = explain(&view, &query);
     if state.is_none() {
         kernel.problems.push(format!(
@@ -368,16 +371,78 @@ pub async fn explain(cfg: &Config) -> Result<u8, ProxierError> {
             disagree = Some(d);
         }
     }
+    print_explanation(cfg, target, &query, &kernel, disagree.as_deref());
+    Ok(kernel.outcome.exit_code())
+}
+
+/// `explain` in ipvs mode: IPVS, the ipsets and our table read from the
+/// kernel; with `--source`, the desired state explained the same way.
+async fn explain_ipvs_mode(
+    cfg: &Config,
+    target: &str,
+    mut query: crate::sync::explain::Query,
+    table: Option<&kube_nlproxy_netlink::nft::TableState>,
+) -> Result<u8, ProxierError> {
+    use crate::sync::ipvs::IpvsDataplane;
+    use crate::sync::ipvs::explain::{IpvsView, disagreements_ipvs, explain_ipvs};
+    let current = NetlinkIpvs::new()?.dump()?;
+    let mut view = IpvsView::from_kernel(&current, table);
+    let family = crate::model::IpFamily::of(&query.daddr);
+    let mut desired_view = None;
+    let mut pending = Vec::new();
+    if cfg.source_given {
+        let objects = load_objects(cfg).await?;
+        let changes = ObjectChanges::everything(objects);
+        let mut driver = ipvs_driver(cfg, false)?;
+        pending = driver.plan(changes)?;
+        query.local_detector = crate::driver::local_detector(cfg, driver.state());
+        let mode = driver.mode();
+        let desired = mode.desired_state();
+        view.names = IpvsView::names_of(desired);
+        desired_view = Some(IpvsView::from_desired(
+            desired,
+            &mode.desired_tables(),
+            family,
+        ));
+    }
+    let kernel = explain_ipvs(&view, &query);
+    let disagree = desired_view.map(|d| {
+        let desired = explain_ipvs(&d, &query);
+        let mut out = disagreements_ipvs(&kernel, &desired);
+        out.extend(
+            pending
+                .iter()
+                .filter(|p| p.service.is_some() && p.service == desired.service)
+                .map(|p| format!("the next sync would send `{} {}`", p.op, p.text)),
+        );
+        out
+    });
+    print_explanation(cfg, target, &query, &kernel, disagree.as_deref());
+    Ok(kernel.outcome.exit_code())
+}
+
+/// Prints an explanation as text or JSON (`--output`).
+fn print_explanation(
+    cfg: &Config,
+    target: &str,
+    query: &crate::sync::explain::Query,
+    kernel: &crate::sync::explain::Explanation,
+    disagree: Option<&[String]>,
+) {
     let code = kernel.outcome.exit_code();
     match cfg.output {
         crate::config::Output::Text => {
-            print!("{}", render_text(&query, &kernel, disagree.as_deref()))
+            print!(
+                "{}",
+                crate::sync::explain::render_text(query, kernel, disagree)
+            )
         }
         crate::config::Output::Json => {
             #[derive(serde::Serialize)]
             struct Out<'a> {
                 target: String,
                 from: Option<std::net::IpAddr>,
+                mode: &'static str,
                 #[serde(flatten)]
                 kernel: &'a crate::sync::explain::Explanation,
                 exit_code: u8,
@@ -386,9 +451,13 @@ pub async fn explain(cfg: &Config) -> Result<u8, ProxierError> {
             let out = Out {
                 target: target.to_string(),
                 from: cfg.explain_from,
-                kernel: &kernel,
+                mode: match cfg.mode {
+                    ProxyMode::Nftables => "nftables",
+                    ProxyMode::Ipvs => "ipvs",
+                },
+                kernel,
                 exit_code: code,
-                disagreements: disagree.as_deref(),
+                disagreements: disagree,
             };
             println!(
                 "{}",
@@ -397,7 +466,6 @@ pub async fn explain(cfg: &Config) -> Result<u8, ProxierError> {
             );
         }
     }
-    Ok(code)
 }
 
 /// `/status` of a daemon on `addr` (the metrics port), if one answers.
@@ -447,6 +515,57 @@ pub struct KernelTableStatus {
     pub foreign_rules: Vec<String>,
 }
 
+/// What the ipvs mode's objects in the kernel hold.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct KernelIpvsStatus {
+    /// Addresses on `kube-ipvs0` (`None`: no such link).
+    pub dummy_addresses: Option<usize>,
+    /// Virtual servers whose address is on `kube-ipvs0` or is a NodePort
+    /// address (not on it, and the port in our NodePort ipsets).
+    pub virtual_servers: usize,
+    /// Their real servers.
+    pub real_servers: usize,
+    /// Of those, with weight 0 (terminating, draining).
+    pub draining: usize,
+    /// Other IPVS virtual servers (not ours; never touched).
+    pub other_virtual_servers: usize,
+    /// Our KUBE-* ipsets that exist.
+    pub ipsets: usize,
+}
+
+/// Reads IPVS, `kube-ipvs0` and the ipsets for `status` in ipvs mode.
+fn kernel_ipvs_status() -> Result<KernelIpvsStatus, ProxierError> {
+    use crate::sync::ipvs::IpvsDataplane;
+    let cur = NetlinkIpvs::new()?.dump()?;
+    let dummy = cur.dummy.clone().unwrap_or_default();
+    let nodeport_ports: std::collections::BTreeSet<u16> = cur
+        .ipsets
+        .iter()
+        .filter(|(n, _)| n.contains("NODE-PORT"))
+        .flat_map(|(_, s)| &s.members)
+        .filter_map(|m| match m {
+            kube_nlproxy_netlink::ipset::IpsetMember::Port(p) => Some(*p),
+            kube_nlproxy_netlink::ipset::IpsetMember::IpPort { port, .. } => Some(*port),
+            _ => None,
+        })
+        .collect();
+    let mut st = KernelIpvsStatus {
+        dummy_addresses: cur.dummy.as_ref().map(|d| d.len()),
+        ipsets: cur.ipsets.len(),
+        ..Default::default()
+    };
+    for (k, vs) in &cur.services {
+        if dummy.contains(&k.addr) || nodeport_ports.contains(&k.port) {
+            st.virtual_servers += 1;
+            st.real_servers += vs.dests.len();
+            st.draining += vs.dests.values().filter(|d| d.weight == 0).count();
+        } else {
+            st.other_virtual_servers += 1;
+        }
+    }
+    Ok(st)
+}
+
 /// `kube-nlproxy status`: the daemon's `/status` when one answers on
 /// `--metrics-bind-address`, and what our tables in the kernel hold.
 pub async fn status(cfg: &Config) -> Result<(), ProxierError> {
@@ -493,18 +612,45 @@ pub async fn status(cfg: &Config) -> Result<(), ProxierError> {
         }
         tables.push(t);
     }
+    let ipvs = match cfg.mode {
+        ProxyMode::Ipvs => Some(kernel_ipvs_status()?),
+        ProxyMode::Nftables => None,
+    };
+    // ipvs mode with `--source`: where the kernel differs from the desired
+    // state (IPVS has no generation id to check drift by), as plan lists it.
+    let drift = match cfg.mode {
+        ProxyMode::Ipvs if cfg.source_given => {
+            let changes = ObjectChanges::everything(load_objects(cfg).await?);
+            let (ops, _) = plan_with(ipvs_driver(cfg, false)?, changes)?;
+            Some(
+                ops.iter()
+                    .map(|p| match &p.service {
+                        Some(s) => format!("{} {}  # {s}", p.op, p.text),
+                        None => format!("{} {}", p.op, p.text),
+                    })
+                    .collect::<Vec<_>>(),
+            )
+        }
+        _ => None,
+    };
     match cfg.output {
         crate::config::Output::Json => {
             #[derive(serde::Serialize)]
             struct Out<'a> {
                 daemon: Option<&'a crate::serve::status::StatusInfo>,
                 kernel: &'a [KernelTableStatus],
+                #[serde(skip_serializing_if = "Option::is_none")]
+                ipvs: Option<&'a KernelIpvsStatus>,
+                #[serde(skip_serializing_if = "Option::is_none")]
+                drift: Option<&'a [String]>,
             }
             println!(
                 "{}",
                 serde_json::to_string_pretty(&Out {
                     daemon: daemon.as_ref(),
                     kernel: &tables,
+                    ipvs: ipvs.as_ref(),
+                    drift: drift.as_deref(),
                 })
                 .unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
             );
@@ -569,6 +715,39 @@ pub async fn status(cfg: &Config) -> Result<(), ProxierError> {
                 for r in &t.foreign_rules {
                     println!("  ! not ours (changed behind our back): {r}");
                 }
+            }
+            if let Some(i) = &ipvs {
+                match i.dummy_addresses {
+                    Some(n) => println!(
+                        "ipvs: {} virtual servers on {} ({} addresses), {} real servers ({} draining); {} other virtual servers; {} KUBE-* ipsets",
+                        i.virtual_servers,
+                        crate::mode::ipvs::DUMMY_LINK,
+                        n,
+                        i.real_servers,
+                        i.draining,
+                        i.other_virtual_servers,
+                        i.ipsets
+                    ),
+                    None => println!(
+                        "ipvs: no {} ({} virtual servers not ours; {} KUBE-* ipsets)",
+                        crate::mode::ipvs::DUMMY_LINK,
+                        i.other_virtual_servers,
+                        i.ipsets
+                    ),
+                }
+            }
+            match drift.as_deref() {
+                Some([]) => println!("drift: none, the kernel matches the desired state"),
+                Some(ops) => {
+                    println!(
+                        "drift: the kernel differs from the desired state; the next sync would send {} operations:",
+                        ops.len()
+                    );
+                    for op in ops.iter().take(20) {
+                        println!("  ! {op}");
+                    }
+                }
+                None => {}
             }
         }
     }

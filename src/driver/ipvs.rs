@@ -103,6 +103,11 @@ impl<I: IpvsDataplane, D: Dataplane> IpvsMode<I, D> {
         self.renderer.desired()
     }
 
+    /// The desired nft tables (v4 first), rendered now.
+    pub fn desired_tables(&self) -> Vec<crate::mode::nftables::TableSpec> {
+        self.renderer.tables()
+    }
+
     /// Deletes the IPVS objects of the mode (virtual servers on `kube-ipvs0`
     /// and our NodePort ones, `kube-ipvs0`, the KUBE-* ipsets) but not the nft
     /// table: what nftables mode does when it takes over a node.

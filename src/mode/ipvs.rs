@@ -552,7 +552,7 @@ fn nft_key(kind: IpsetType, family: IpFamily) -> Vec<KeyType> {
 }
 
 /// The protocol of the members of a `bitmap:port` set's mirror.
-fn port_set_protocol(set: &str) -> u8 {
+pub(crate) fn port_set_protocol(set: &str) -> u8 {
     if set.contains("-UDP") {
         Protocol::Udp.number()
     } else {
@@ -560,7 +560,7 @@ fn port_set_protocol(set: &str) -> u8 {
     }
 }
 
-fn nft_element(m: &IpsetMember, port_proto: u8) -> Vec<KeyValue> {
+pub(crate) fn nft_element(m: &IpsetMember, port_proto: u8) -> Vec<KeyValue> {
     match m {
         IpsetMember::Ip(ip) => vec![KeyValue::Addr(*ip)],
         IpsetMember::IpPort { ip, proto, port } => vec![

@@ -123,8 +123,14 @@ impl Outcome {
 pub struct Candidate {
     /// `address:port` the connection is DNATed to.
     pub endpoint: String,
-    /// Its index in the entry point's endpoint list (`numgen random mod N`).
-    pub index: u32,
+    /// Its index in the entry point's endpoint list (`numgen random mod N`);
+    /// nftables mode only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub index: Option<u32>,
+    /// The IPVS real server's weight (0: draining, takes no new connection);
+    /// ipvs mode only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub weight: Option<u32>,
 }
 
 /// The path of a new connection.
@@ -196,7 +202,7 @@ pub fn element_text(e: &Element) -> String {
     out
 }
 
-fn proto_name(p: u8) -> String {
+pub(crate) fn proto_name(p: u8) -> String {
     match p {
         6 => "tcp".into(),
         17 => "udp".into(),
@@ -207,7 +213,7 @@ fn proto_name(p: u8) -> String {
 
 /// Whether `saddr` is a pod of this cluster per the detector (`None`: cannot
 /// tell).
-fn from_pod(q: &Query, saddr: IpAddr) -> Option<bool> {
+pub(crate) fn from_pod(q: &Query, saddr: IpAddr) -> Option<bool> {
     match &q.local_detector {
         LocalDetector::None => Some(false),
         LocalDetector::Cidrs(cidrs) => Some(
@@ -510,7 +516,8 @@ pub fn explain(view: &TableView, q: &Query) -> Explanation {
                             IpAddr::V4(_) => format!("{a}:{p}"),
                             IpAddr::V6(_) => format!("[{a}]:{p}"),
                         },
-                        index: i,
+                        index: Some(i),
+                        weight: None,
                     }),
                     _ => ex.problems.push(format!(
                         "undecodable endpoint {}",
@@ -657,7 +664,13 @@ pub fn render_text(q: &Query, ex: &Explanation, disagree: Option<&[String]>) -> 
         out.push_str(&format!("  endpoints:  {e}\n"));
     }
     for c in &ex.candidates {
-        out.push_str(&format!("    -> {} (index {})\n", c.endpoint, c.index));
+        let how = match (c.index, c.weight) {
+            (Some(i), _) => format!("index {i}"),
+            (None, Some(0)) => "weight 0: draining, no new connections".to_string(),
+            (None, Some(w)) => format!("weight {w}"),
+            (None, None) => String::new(),
+        };
+        out.push_str(&format!("    -> {} ({how})\n", c.endpoint));
     }
     if let Some(a) = &ex.affinity {
         out.push_str(&format!("  affinity:   {a}\n"));

@@ -1230,5 +1230,7 @@ pub fn apply_ipvs_sysctls(strict_arp: bool) {
     }
 }
 
+pub mod explain;
+
 #[cfg(test)]
 mod tests;
