@@ -922,8 +922,7 @@ impl FamilyRenderer {
         node_changed: bool,
     ) -> (TableDelta, RenderStats) {
         let no_endpoints: Vec<Endpoint> = Vec::new();
-        let mut touched: FastMap<(SetId, Vec<KeyValue>), Option<Arc<Element>>> =
-            FastMap::default();
+        let mut touched: FastMap<(SetId, Vec<KeyValue>), Option<Arc<Element>>> = FastMap::default();
         let mut conflicts = Vec::new();
         let old_classes: BTreeSet<Class> = self.classes.keys().copied().collect();
         let old_prefixes: BTreeSet<u8> = self.prefixes.keys().copied().collect();
