@@ -15,24 +15,6 @@ const LOCAL_VIP: &str = "10.96.0.93";
 const NODE_PORT: u16 = 30090;
 const LOCAL_NODE_PORT: u16 = 30093;
 
-fn json(out: &Output) -> serde_json::Value {
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "not JSON ({e}):\n{}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
 fn candidates(v: &serde_json::Value) -> Vec<String> {
     let mut c: Vec<String> = v["candidates"]
         .as_array()
@@ -99,11 +81,11 @@ fn explain_predicts_what_connections_do() {
 
     // plan after a sync: nothing to send.
     let out = p.command(&["plan"], &[]);
-    assert!(out.status.success(), "{}", text(&out));
+    assert!(out.status.success(), "{}", output_text(&out));
     assert!(
         String::from_utf8_lossy(&out.stdout).contains("plan: no operations"),
         "{}",
-        text(&out)
+        output_text(&out)
     );
 
     // Kernel only: the flags, no source.
@@ -128,8 +110,8 @@ fn explain_predicts_what_connections_do() {
 
     // ClusterIP from a pod: served, both endpoints, not masqueraded.
     let out = explain(&format!("{VIP}:80/tcp"), Some(&client), false);
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
-    let v = json(&out);
+    assert_eq!(out.status.code(), Some(0), "{}", output_text(&out));
+    let v = output_json(&out);
     assert_eq!(v["outcome"], "served");
     assert_eq!(v["service"], "default/web:echo");
     assert_eq!(v["matched_by"], "ClusterIP");
@@ -146,8 +128,8 @@ fn explain_predicts_what_connections_do() {
     // NodePort from outside: served, masqueraded.
     let np = format!("{NODE_V4}:{NODE_PORT}");
     let out = explain(&np, Some(&EXT_V4.to_string()), false);
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
-    let v = json(&out);
+    assert_eq!(out.status.code(), Some(0), "{}", output_text(&out));
+    let v = output_json(&out);
     assert_eq!(v["matched_by"], "NodePort", "{v}");
     assert_eq!(candidates(&v), want);
     assert_eq!(v["masquerade"], true, "{v}");
@@ -160,19 +142,19 @@ fn explain_predicts_what_connections_do() {
 
     // No endpoints: rejected (exit 3), and a connection is refused at once.
     let out = explain(&format!("{EMPTY}:80"), Some(&client), false);
-    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    assert_eq!(out.status.code(), Some(3), "{}", output_text(&out));
     assert!(
-        json(&out)["decided_by"]
+        output_json(&out)["decided_by"]
             .as_str()
             .unwrap_or("")
             .contains("no-endpoint-reject-ips"),
         "{}",
-        text(&out)
+        output_text(&out)
     );
     assert!(tcp(&client_ns, sa(ip(EMPTY), 80), OK_TIMEOUT).is_err());
     // A ClusterIP port no Service has: rejected too.
     let out = explain(&format!("{VIP}:81"), None, false);
-    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    assert_eq!(out.status.code(), Some(3), "{}", output_text(&out));
     assert!(tcp(&client_ns, sa(ip(VIP), 81), OK_TIMEOUT).is_err());
 
     // eTP Local without a local endpoint, from outside: dropped (exit 4); the
@@ -182,7 +164,7 @@ fn explain_predicts_what_connections_do() {
         Some(&EXT_V4.to_string()),
         false,
     );
-    assert_eq!(out.status.code(), Some(4), "{}", text(&out));
+    assert_eq!(out.status.code(), Some(4), "{}", output_text(&out));
     let started = std::time::Instant::now();
     assert!(tcp(&ext, sa(NODE_V4, LOCAL_NODE_PORT), Duration::from_secs(2)).is_err());
     assert!(
@@ -192,11 +174,15 @@ fn explain_predicts_what_connections_do() {
 
     // Not a service (exit 5).
     let out = explain("10.1.2.3:80/udp", None, false);
-    assert_eq!(out.status.code(), Some(5), "{}", text(&out));
+    assert_eq!(out.status.code(), Some(5), "{}", output_text(&out));
     // Bad input: a clear error, exit 1 (no panic).
     let out = explain("10.1.2.3", None, false);
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
-    assert!(text(&out).contains("IP:PORT"), "{}", text(&out));
+    assert_eq!(out.status.code(), Some(1), "{}", output_text(&out));
+    assert!(
+        output_text(&out).contains("IP:PORT"),
+        "{}",
+        output_text(&out)
+    );
 
     // Behind our back: one endpoint element deleted by hand.
     sh(&[
@@ -208,17 +194,17 @@ fn explain_predicts_what_connections_do() {
         &format!("delete element ip kube-nlproxy endpoints-ips {{ {VIP} . tcp . 80 . 1 }}"),
     ]);
     let out = explain(&format!("{VIP}:80"), Some(&client), false);
-    let v = json(&out);
+    let v = output_json(&out);
     let problems = v["problems"].to_string();
     assert!(problems.contains("endpoint 1 of 2 is missing"), "{v}");
     let out = explain(&format!("{VIP}:80"), Some(&client), true);
-    let v = json(&out);
+    let v = output_json(&out);
     let d = v["disagreements"].to_string();
     assert!(d.contains("endpoints: the kernel has"), "{v}");
     assert!(d.contains("the next sync would send"), "{v}");
     // Text output says so too.
     let out = p.command(&["explain"], &[&format!("{VIP}:80"), "--from", &client]);
-    let s = text(&out);
+    let s = output_text(&out);
     assert!(s.contains("kernel differs from the desired state"), "{s}");
     // plan shows the repair, named by its Service port.
     let out = p.command(&["plan"], &[]);
@@ -231,11 +217,11 @@ fn explain_predicts_what_connections_do() {
     );
     assert!(s.contains("plan: 1 operations"), "{s}");
     let out = p.command(&["plan"], &["--output", "json"]);
-    assert_eq!(json(&out)["summary"]["operations"], 1);
+    assert_eq!(output_json(&out)["summary"]["operations"], 1);
     // A sync repairs it; explain and plan agree again.
     p.sync();
     let out = explain(&format!("{VIP}:80"), Some(&client), true);
-    let v = json(&out);
+    let v = output_json(&out);
     assert_eq!(v["disagreements"], serde_json::json!([]), "{v}");
     assert_eq!(v["problems"], serde_json::json!([]), "{v}");
 }
@@ -285,8 +271,8 @@ fn status_from_the_daemon_and_from_the_kernel() {
                 "json",
             ],
         );
-        assert!(out.status.success(), "{}", text(&out));
-        json(&out)
+        assert!(out.status.success(), "{}", output_text(&out));
+        output_json(&out)
     };
     // The daemon answers once its first sync is recorded.
     let mut v = status(&p);
@@ -355,7 +341,7 @@ fn status_from_the_daemon_and_from_the_kernel() {
         "{v}"
     );
     let out = p.command_bare(&["status"], &["--metrics-bind-address", "127.0.0.1:10249"]);
-    let s = text(&out);
+    let s = output_text(&out);
     assert!(s.contains("no daemon answers"), "{s}");
     assert!(s.contains("changed behind our back"), "{s}");
 }

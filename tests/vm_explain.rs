@@ -20,24 +20,6 @@ const LOCAL: &str = "10.96.0.12";
 const NODE_PORT: u16 = 30080;
 const LOCAL_NODE_PORT: u16 = 30085;
 
-fn json(out: &Output) -> serde_json::Value {
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "not JSON ({e}):\n{}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
 /// Candidates with weight > 0, sorted.
 fn serving(v: &serde_json::Value) -> Vec<String> {
     let mut c: Vec<String> = v["candidates"]
@@ -122,18 +104,18 @@ fn ipvs_explain_predicts_what_connections_do() {
 
     c.run("plan after a sync: no operations", || {
         let out = p.command(&["plan"], &[]);
-        assert!(out.status.success(), "{}", text(&out));
+        assert!(out.status.success(), "{}", output_text(&out));
         assert!(
             String::from_utf8_lossy(&out.stdout).contains("plan: no operations"),
             "{}",
-            text(&out)
+            output_text(&out)
         );
     });
 
     c.run("ClusterIP from a pod: both backends, source = pod", || {
         let out = explain(&format!("{WEB}:80/tcp"), Some(&client_ip), false);
-        assert_eq!(out.status.code(), Some(0), "{}", text(&out));
-        let v = json(&out);
+        assert_eq!(out.status.code(), Some(0), "{}", output_text(&out));
+        let v = output_json(&out);
         assert_eq!(v["mode"], "ipvs", "{v}");
         assert_eq!(v["outcome"], "served", "{v}");
         assert_eq!(v["matched_by"], "ClusterIP", "{v}");
@@ -149,8 +131,8 @@ fn ipvs_explain_predicts_what_connections_do() {
     c.run("NodePort from outside: both backends, masqueraded", || {
         let target = format!("{NODE_V4}:{NODE_PORT}/tcp");
         let out = explain(&target, Some(&ext_ip), false);
-        assert_eq!(out.status.code(), Some(0), "{}", text(&out));
-        let v = json(&out);
+        assert_eq!(out.status.code(), Some(0), "{}", output_text(&out));
+        let v = output_json(&out);
         assert_eq!(v["matched_by"], "NodePort", "{v}");
         assert_eq!(serving(&v), both, "{v}");
         assert_eq!(v["masquerade"], true, "{v}");
@@ -169,8 +151,8 @@ fn ipvs_explain_predicts_what_connections_do() {
         "no endpoints: rejected (exit 3), connection refused",
         || {
             let out = explain(&format!("{EMPTY}:80/tcp"), Some(&client_ip), false);
-            assert_eq!(out.status.code(), Some(3), "{}", text(&out));
-            let v = json(&out);
+            assert_eq!(out.status.code(), Some(3), "{}", output_text(&out));
+            let v = output_json(&out);
             assert!(
                 v["decided_by"].as_str().is_some_and(|d| d.contains(EMPTY)),
                 "{v}"
@@ -187,8 +169,8 @@ fn ipvs_explain_predicts_what_connections_do() {
         || {
             let target = format!("{NODE_V4}:{LOCAL_NODE_PORT}/tcp");
             let out = explain(&target, Some(&ext_ip), false);
-            assert_eq!(out.status.code(), Some(4), "{}", text(&out));
-            let v = json(&out);
+            assert_eq!(out.status.code(), Some(4), "{}", output_text(&out));
+            let v = output_json(&out);
             assert!(
                 v["decided_by"]
                     .as_str()
@@ -204,8 +186,8 @@ fn ipvs_explain_predicts_what_connections_do() {
 
     c.run("not a service: exit 5", || {
         let out = explain("10.96.5.5:80/tcp", Some(&client_ip), false);
-        assert_eq!(out.status.code(), Some(5), "{}", text(&out));
-        assert_eq!(json(&out)["outcome"], "not-a-service");
+        assert_eq!(out.status.code(), Some(5), "{}", output_text(&out));
+        assert_eq!(output_json(&out)["outcome"], "not-a-service");
     });
 
     c.run("text output, with --source: names, agreement", || {
@@ -214,7 +196,7 @@ fn ipvs_explain_predicts_what_connections_do() {
         extra.push("text".into());
         let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
         let out = p.command(&["explain"], &extra);
-        let s = text(&out);
+        let s = output_text(&out);
         assert_eq!(out.status.code(), Some(0), "{s}");
         assert!(s.contains("default/web:echo (by ClusterIP)"), "{s}");
         assert!(s.contains("(weight 1)"), "{s}");
@@ -223,8 +205,8 @@ fn ipvs_explain_predicts_what_connections_do() {
 
     c.run("status in ipvs mode", || {
         let out = p.command(&["status"], &["--output", "json"]);
-        assert!(out.status.success(), "{}", text(&out));
-        let v = json(&out);
+        assert!(out.status.success(), "{}", output_text(&out));
+        let v = output_json(&out);
         assert!(v["ipvs"]["virtual_servers"].as_u64() >= Some(3), "{v}");
         assert_eq!(v["drift"], serde_json::json!([]), "{v}");
     });
@@ -241,20 +223,20 @@ fn ipvs_explain_predicts_what_connections_do() {
             &format!("{b}:8080"),
         ],
     );
-    assert!(out.status.success(), "ipvsadm -d: {}", text(&out));
+    assert!(out.status.success(), "ipvsadm -d: {}", output_text(&out));
 
     c.run(
         "explain sees the real server gone; --source reports it",
         || {
             let out = explain(&format!("{WEB}:80/tcp"), Some(&client_ip), false);
-            assert_eq!(out.status.code(), Some(0), "{}", text(&out));
-            let v = json(&out);
+            assert_eq!(out.status.code(), Some(0), "{}", output_text(&out));
+            let v = output_json(&out);
             assert_eq!(serving(&v), vec![format!("{a}:8080")], "{v}");
             let (pods, _) =
                 spread(&client.ns, sa(ip(WEB), 80), 6).unwrap_or_else(|e| panic!("{e}"));
             assert_eq!(pods.into_iter().collect::<Vec<_>>(), vec!["a".to_string()]);
             let out = explain(&format!("{WEB}:80/tcp"), Some(&client_ip), true);
-            let v = json(&out);
+            let v = output_json(&out);
             let d = v["disagreements"].as_array().cloned().unwrap_or_default();
             assert!(
                 d.iter()
@@ -274,12 +256,16 @@ fn ipvs_explain_predicts_what_connections_do() {
         "status --source reports the drift; plan would repair it",
         || {
             let out = p.command(&["status"], &[]);
-            let s = text(&out);
+            let s = output_text(&out);
             assert!(out.status.success(), "{s}");
             assert!(s.contains("drift: the kernel differs"), "{s}");
             assert!(s.contains(&format!("{b}:8080")), "{s}");
             let out = p.command(&["plan"], &[]);
-            assert!(text(&out).contains(&format!("{b}:8080")), "{}", text(&out));
+            assert!(
+                output_text(&out).contains(&format!("{b}:8080")),
+                "{}",
+                output_text(&out)
+            );
         },
     );
 

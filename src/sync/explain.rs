@@ -227,25 +227,32 @@ pub(crate) fn from_pod(q: &Query, saddr: IpAddr) -> Option<bool> {
     }
 }
 
+impl Explanation {
+    /// Where every explanation starts: not a service, nothing decided, the
+    /// rules in our table that are not ours as problems.
+    pub(crate) fn start<'a>(foreign_rules: impl IntoIterator<Item = &'a String>) -> Self {
+        Explanation {
+            outcome: Outcome::NotAService,
+            service: None,
+            matched_by: None,
+            endpoints_from: None,
+            candidates: Vec::new(),
+            affinity: None,
+            masquerade: None,
+            masquerade_reason: String::new(),
+            decided_by: None,
+            steps: Vec::new(),
+            problems: foreign_rules
+                .into_iter()
+                .map(|r| format!("a rule that is not ours: {r}"))
+                .collect(),
+        }
+    }
+}
+
 /// Explains a new connection `q` against `view`.
 pub fn explain(view: &TableView, q: &Query) -> Explanation {
-    let mut ex = Explanation {
-        outcome: Outcome::NotAService,
-        service: None,
-        matched_by: None,
-        endpoints_from: None,
-        candidates: Vec::new(),
-        affinity: None,
-        masquerade: None,
-        masquerade_reason: String::new(),
-        decided_by: None,
-        steps: Vec::new(),
-        problems: view
-            .foreign_rules
-            .iter()
-            .map(|r| format!("a rule that is not ours: {r}"))
-            .collect(),
-    };
+    let mut ex = Explanation::start(&view.foreign_rules);
     let k3 = key3(q, q.daddr);
     let k2 = vec![KeyValue::Proto(q.proto), KeyValue::Port(q.dport)];
     let src_local = q.saddr.map(|s| q.local_addresses.contains(&s));

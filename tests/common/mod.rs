@@ -1760,3 +1760,23 @@ pub fn web_service(t: &Topo, vip: &str, backend: &str) -> String {
         ),
     ])
 }
+
+/// A command's stdout as JSON (the panic shows both streams).
+pub fn output_json(out: &std::process::Output) -> serde_json::Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not JSON ({e}):\n{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+/// A command's stdout and stderr, as text.
+pub fn output_text(out: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}

@@ -191,24 +191,7 @@ impl Sets<'_> {
 
 /// Explains a new connection `q` against `view` (ipvs mode).
 pub fn explain_ipvs(view: &IpvsView, q: &Query) -> Explanation {
-    let mut ex = Explanation {
-        outcome: Outcome::NotAService,
-        service: None,
-        matched_by: None,
-        endpoints_from: None,
-        candidates: Vec::new(),
-        affinity: None,
-        masquerade: None,
-        masquerade_reason: String::new(),
-        decided_by: None,
-        steps: Vec::new(),
-        problems: view
-            .table
-            .iter()
-            .flat_map(|t| &t.foreign_rules)
-            .map(|r| format!("a rule that is not ours: {r}"))
-            .collect(),
-    };
+    let mut ex = Explanation::start(view.table.iter().flat_map(|t| &t.foreign_rules));
     let family = IpFamily::of(&q.daddr);
     let mut sets = Sets {
         view,
