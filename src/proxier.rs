@@ -358,6 +358,7 @@ pub async fn explain(cfg: &Config) -> Result<u8, ProxierError> {
         let mut driver = nftables_driver(cfg)?;
         let pending = driver.plan(changes)?;
         query.local_detector = crate::driver::local_detector(cfg, driver.state());
+        add_endpoint_reasons(&mut kernel, driver.state(), &query);
         let tables = driver.mode().renderer().tables();
         if let Some(t) = tables.iter().find(|t| t.family == family) {
             let desired = explain(&TableView::from_spec(t), &query);
@@ -375,6 +376,37 @@ pub async fn explain(cfg: &Config) -> Result<u8, ProxierError> {
     Ok(kernel.outcome.exit_code())
 }
 
+/// With the desired state at hand: why the matched service port's endpoints
+/// are the ones they are, when it is not simply "the ready ones" (topology
+/// hints, a terminating fallback), after what the kernel says.
+fn add_endpoint_reasons(
+    ex: &mut crate::sync::explain::Explanation,
+    state: &crate::model::ClusterState,
+    query: &crate::sync::explain::Query,
+) {
+    let Some(service) = ex.service.as_deref() else {
+        return;
+    };
+    let family = crate::model::IpFamily::of(&query.daddr);
+    let Some(((name, _), svc)) = state.services.iter().find(|((name, f), _)| {
+        *f == family
+            && name.protocol.number() == query.proto
+            && crate::mode::nftables::port_comment(name) == service
+    }) else {
+        return;
+    };
+    let endpoints = state.endpoints.get(name).map_or(&[][..], Vec::as_slice);
+    let reasons = crate::model::categorize_endpoints(endpoints, svc, &state.node).reasons;
+    if reasons.is_empty() {
+        return;
+    }
+    let reasons = reasons.join("; ");
+    ex.endpoints_from = Some(match ex.endpoints_from.take() {
+        Some(from) => format!("{from}; desired state: {reasons}"),
+        None => format!("desired state: {reasons}"),
+    });
+}
+
 /// `explain` in ipvs mode: IPVS, the ipsets and our table read from the
 /// kernel; with `--source`, the desired state explained the same way.
 async fn explain_ipvs_mode(
@@ -389,11 +421,12 @@ async fn explain_ipvs_mode(
     let mut view = IpvsView::from_kernel(&current, table);
     let family = crate::model::IpFamily::of(&query.daddr);
     let mut desired_view = None;
+    let mut source_driver = None;
     let mut pending = Vec::new();
     if cfg.source_given {
         let objects = load_objects(cfg).await?;
         let changes = ObjectChanges::everything(objects);
-        let mut driver = ipvs_driver(cfg, false)?;
+        let driver = source_driver.insert(ipvs_driver(cfg, false)?);
         pending = driver.plan(changes)?;
         query.local_detector = crate::driver::local_detector(cfg, driver.state());
         let mode = driver.mode();
@@ -405,7 +438,10 @@ async fn explain_ipvs_mode(
             family,
         ));
     }
-    let kernel = explain_ipvs(&view, &query);
+    let mut kernel = explain_ipvs(&view, &query);
+    if let Some(driver) = &source_driver {
+        add_endpoint_reasons(&mut kernel, driver.state(), &query);
+    }
     let disagree = desired_view.map(|d| {
         let desired = explain_ipvs(&d, &query);
         let mut out = disagreements_ipvs(&kernel, &desired);

@@ -12,6 +12,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_kube-nlproxy");
 const VIP: &str = "10.96.0.90";
 const EMPTY: &str = "10.96.0.92";
 const LOCAL_VIP: &str = "10.96.0.93";
+const DRAIN_VIP: &str = "10.96.0.94";
 const NODE_PORT: u16 = 30090;
 const LOCAL_NODE_PORT: u16 = 30093;
 
@@ -75,6 +76,17 @@ fn explain_predicts_what_connections_do() {
             false,
             &[("echo", "TCP", 8080)],
             &t.eps(&["b"], false),
+        ),
+        Svc::new(
+            "drain",
+            "ClusterIP",
+            &[DRAIN_VIP],
+            vec![port("echo", "TCP", 80, 8080)],
+        )
+        .yaml(),
+        // Every endpoint terminating: a still serves, b no longer does.
+        format!(
+            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: drain-v4\n  namespace: default\n  labels:\n    kubernetes.io/service-name: drain\naddressType: IPv4\nports:\n- name: echo\n  protocol: TCP\n  port: 8080\nendpoints:\n- addresses: [{a}]\n  conditions: {{ready: false, serving: true, terminating: true}}\n- addresses: [{b}]\n  conditions: {{ready: false, serving: false, terminating: true}}\n"
         ),
     ]));
     p.sync();
@@ -224,6 +236,28 @@ fn explain_predicts_what_connections_do() {
     let v = output_json(&out);
     assert_eq!(v["disagreements"], serde_json::json!([]), "{v}");
     assert_eq!(v["problems"], serde_json::json!([]), "{v}");
+
+    // Only terminating endpoints: with the desired state at hand, explain
+    // says the serving one takes new connections as a fallback; real
+    // connections reach it alone.
+    let out = explain(&format!("{DRAIN_VIP}:80"), Some(&client), true);
+    assert_eq!(out.status.code(), Some(0), "{}", output_text(&out));
+    let v = output_json(&out);
+    assert_eq!(candidates(&v), [format!("{a}:8080")], "{v}");
+    assert!(
+        v["endpoints_from"].as_str().unwrap_or("").contains(
+            "the 1 serving, terminating ones take new connections (terminating fallback)"
+        ),
+        "{v}"
+    );
+    for _ in 0..8 {
+        let r =
+            tcp(&client_ns, sa(ip(DRAIN_VIP), 80), OK_TIMEOUT).expect("the serving one answers");
+        assert_eq!(
+            r.pod, "a",
+            "explain said: only the serving, terminating endpoint"
+        );
+    }
 }
 
 /// `status` from the running daemon (`/status` on its metrics port) and, with

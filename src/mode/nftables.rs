@@ -1326,7 +1326,7 @@ fn dedup_endpoints(endpoints: &[Endpoint]) -> Vec<Endpoint> {
 }
 
 /// `ns/name:port` (upstream's `ServicePortName.String()`, without the protocol).
-fn port_comment(name: &ServicePortName) -> String {
+pub fn port_comment(name: &ServicePortName) -> String {
     if name.port_name.is_empty() {
         service_comment(name)
     } else {

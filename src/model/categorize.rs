@@ -20,6 +20,10 @@ pub struct Categorized {
     /// endpoints anywhere in the cluster, even if none is reachable from here.
     /// When false the service "has no endpoints" (reject).
     pub has_any_endpoints: bool,
+    /// Why the endpoints are not simply the ready ones, for a person
+    /// (`explain`): topology hints that narrowed them, a terminating fallback.
+    /// Empty in the common case.
+    pub reasons: Vec<String>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -98,8 +102,25 @@ pub fn categorize_endpoints(
     if uses_cluster {
         mode = topology_mode(&eps, node);
         out.cluster = collect(&|e| e.ready && available_for_topology(e, mode, node));
+        if mode != Topology::None {
+            let ready = eps.iter().filter(|e| e.ready).count();
+            let hinted_for = match mode {
+                Topology::SameNode => format!("node {}", node.name),
+                _ => format!("zone {}", node.zone.as_deref().unwrap_or_default()),
+            };
+            out.reasons.push(format!(
+                "topology: only the endpoints hinted for {hinted_for} ({} of {ready} ready)",
+                out.cluster.len()
+            ));
+        }
         if out.cluster.is_empty() {
             out.cluster = collect(&|e| e.serving && e.terminating);
+            if !out.cluster.is_empty() {
+                out.reasons.push(format!(
+                    "no endpoint is ready: the {} serving, terminating ones take new connections (terminating fallback)",
+                    out.cluster.len()
+                ));
+            }
         }
         out.has_any_endpoints = !out.cluster.is_empty();
     }
@@ -126,6 +147,10 @@ pub fn categorize_endpoints(
     } else if local_serving_terminating {
         use_serving_terminating = true;
         out.local = collect(&|e| e.is_local && e.serving && e.terminating);
+        out.reasons.push(format!(
+            "no endpoint on this node is ready: its {} serving, terminating ones take new connections (terminating fallback)",
+            out.local.len()
+        ));
     }
 
     if !uses_cluster {

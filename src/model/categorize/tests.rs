@@ -95,6 +95,7 @@ fn family_filter_and_ready() {
     ];
     let c = categorize_endpoints(&eps, &svc(IpFamily::V4), &node(None));
     assert_eq!(ips(&c.cluster), ["10.1.0.1"]);
+    assert!(c.reasons.is_empty(), "{:?}", c.reasons);
     assert!(c.local.is_empty());
     assert_eq!(c.all_reachable, c.cluster);
     assert!(c.has_any_endpoints);
@@ -116,6 +117,12 @@ fn fallback_to_serving_terminating() {
     let c = categorize_endpoints(&eps, &svc(IpFamily::V4), &node(None));
     assert_eq!(ips(&c.cluster), ["10.1.0.1"]);
     assert!(c.has_any_endpoints);
+    assert_eq!(
+        c.reasons,
+        [
+            "no endpoint is ready: the 1 serving, terminating ones take new connections (terminating fallback)"
+        ]
+    );
     // Only non-ready, non-terminating endpoints: nothing usable anywhere.
     let c = categorize_endpoints(&eps[1..], &svc(IpFamily::V4), &node(None));
     assert!(c.cluster.is_empty() && c.all_reachable.is_empty());
@@ -140,6 +147,11 @@ fn internal_local() {
     let eps = [ep("10.1.0.1"), local(terminating(ep("10.1.0.3"), true))];
     let c = categorize_endpoints(&eps, &s, &node(None));
     assert_eq!(ips(&c.local), ["10.1.0.3"]);
+    assert!(
+        c.reasons[0].contains("no endpoint on this node is ready"),
+        "{:?}",
+        c.reasons
+    );
 }
 
 #[test]
@@ -173,9 +185,14 @@ fn zone_hints_all_or_nothing() {
     ];
     let c = categorize_endpoints(&eps, &s, &node(Some("z1")));
     assert_eq!(ips(&c.cluster), ["10.1.0.1"]);
+    assert_eq!(
+        c.reasons,
+        ["topology: only the endpoints hinted for zone z1 (1 of 2 ready)"]
+    );
     // Node without a zone: hints ignored.
     let c = categorize_endpoints(&eps, &s, &node(None));
     assert_eq!(c.cluster.len(), 2);
+    assert!(c.reasons.is_empty(), "{:?}", c.reasons);
     // No endpoint hinted for our zone: hints ignored.
     let c = categorize_endpoints(&eps, &s, &node(Some("z3")));
     assert_eq!(c.cluster.len(), 2);
