@@ -419,6 +419,15 @@ async fn explain_ipvs_mode(
     use crate::sync::ipvs::explain::{IpvsView, disagreements_ipvs, explain_ipvs};
     let current = NetlinkIpvs::new()?.dump()?;
     let mut view = IpvsView::from_kernel(&current, table);
+    if let Some(client) = query.saddr {
+        match crate::sync::ipvs::templates::read_templates_of(client) {
+            Ok(t) => view.templates = Some(t),
+            Err(e) => tracing::warn!(
+                "cannot read {}: {e}",
+                crate::sync::ipvs::templates::IP_VS_CONN
+            ),
+        }
+    }
     let family = crate::model::IpFamily::of(&query.daddr);
     let mut desired_view = None;
     let mut source_driver = None;

@@ -17,6 +17,7 @@ use std::process::Output;
 const WEB: &str = "10.96.0.10";
 const EMPTY: &str = "10.96.0.11";
 const LOCAL: &str = "10.96.0.12";
+const STICKY: &str = "10.96.0.13";
 const NODE_PORT: u16 = 30080;
 const LOCAL_NODE_PORT: u16 = 30085;
 
@@ -59,6 +60,13 @@ fn ipvs_explain_predicts_what_connections_do() {
         vec![nport("echo", "TCP", 80, 8080, LOCAL_NODE_PORT)],
     );
     local.etp = "Local".into();
+    let mut sticky = Svc::new(
+        "sticky",
+        "ClusterIP",
+        &[STICKY],
+        vec![port("echo", "TCP", 80, 8080)],
+    );
+    sticky.affinity = true;
     p.write(&cluster(&[
         Svc::new(
             "web",
@@ -77,6 +85,8 @@ fn ipvs_explain_predicts_what_connections_do() {
         .yaml(),
         local.yaml(),
         slice("local", "v4", false, &http, &t.eps(&["b"], false)),
+        sticky.yaml(),
+        slice("sticky", "v4", false, &http, &t.eps(&["a", "b"], false)),
     ]));
     p.sync();
 
@@ -202,6 +212,37 @@ fn ipvs_explain_predicts_what_connections_do() {
         assert!(s.contains("(weight 1)"), "{s}");
         assert!(s.contains("kernel and desired state agree"), "{s}");
     });
+
+    c.run(
+        "ClientIP affinity: explain names the client's persistence template",
+        || {
+            let target = format!("{STICKY}:80/tcp");
+            let out = explain(&target, Some(&client_ip), false);
+            assert_eq!(out.status.code(), Some(0), "{}", output_text(&out));
+            let a = output_json(&out)["affinity"].to_string();
+            assert!(
+                a.contains(&format!("no template for {client_ip} yet")),
+                "{a}"
+            );
+            let r = tcp(&client.ns, sa(ip(STICKY), 80), OK_TIMEOUT).expect("sticky answers");
+            let backend = if r.pod == "a" { &a } else { &b };
+            let out = explain(&target, Some(&client_ip), false);
+            let a = output_json(&out)["affinity"].to_string();
+            assert!(
+                a.contains(&format!(
+                    "{client_ip} -> {backend}:8080 (IPVS persistence template"
+                )),
+                "{a} (the connection reached {})",
+                r.pod
+            );
+            // And the next connections go there too.
+            for _ in 0..4 {
+                let again =
+                    tcp(&client.ns, sa(ip(STICKY), 80), OK_TIMEOUT).expect("sticky answers");
+                assert_eq!(again.pod, r.pod, "explain said: {a}");
+            }
+        },
+    );
 
     c.run("status in ipvs mode", || {
         let out = p.command(&["status"], &["--output", "json"]);

@@ -1231,6 +1231,7 @@ pub fn apply_ipvs_sysctls(strict_arp: bool) {
 }
 
 pub mod explain;
+pub mod templates;
 
 #[cfg(test)]
 mod tests;

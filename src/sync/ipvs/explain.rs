@@ -15,8 +15,8 @@
 //!
 //! Session affinity: IPVS keeps a client's persistence template as a
 //! connection entry, and IPVS's generic netlink family has no command that
-//! dumps connections (they are only in `/proc/net/ip_vs_conn`). So the
-//! persistence timeout is shown, the client's template is not.
+//! dumps connections, so the kernel's view takes the client's templates from
+//! `/proc/net/ip_vs_conn` ([`super::templates`]); the desired state has none.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -27,6 +27,7 @@ use kube_nlproxy_netlink::ipvs::codec::IP_VS_SVC_F_PERSISTENT;
 use kube_nlproxy_netlink::ipvs::{IpvsDestination, IpvsService};
 use kube_nlproxy_netlink::nft::{KeyValue, TableState};
 
+use super::templates::PersistenceTemplate;
 use super::{CurrentVs, IpvsCurrent, ipvs_service};
 use crate::mode::ipvs::{
     CLUSTER_IP, EXTERNAL_IP, EXTERNAL_IP_LOCAL, INTERNAL_NO_LOCAL_ENDPOINTS, IPVS_IPS, IpvsDesired,
@@ -55,6 +56,9 @@ pub struct IpvsView {
     /// Service port names of virtual servers (the kernel has none: they come
     /// from the desired state when there is one).
     pub names: BTreeMap<VsKey, String>,
+    /// The client's persistence templates, when they were read (the kernel's
+    /// view with `--from`; `None` otherwise).
+    pub templates: Option<Vec<PersistenceTemplate>>,
 }
 
 impl IpvsView {
@@ -70,6 +74,7 @@ impl IpvsView {
                 .collect(),
             table: table.map(TableView::from_kernel),
             names: BTreeMap::new(),
+            templates: None,
         }
     }
 
@@ -112,6 +117,7 @@ impl IpvsView {
                 .find(|t| t.family == nf)
                 .map(TableView::from_spec),
             names: Self::names_of(desired),
+            templates: None,
         }
     }
 
@@ -554,11 +560,42 @@ fn follow(view: &IpvsView, q: &Query, sets: &mut Sets<'_>, ex: &mut Explanation)
         return None;
     }
     if let Some(t) = persistence(&vs.service) {
-        ex.affinity = Some(match q.saddr {
-            Some(s) => format!(
-                "ClientIP, IPVS persistence {t}s; {s}'s template is an IPVS connection entry, which IPVS's netlink interface does not dump (see /proc/net/ip_vs_conn): not shown"
-            ),
-            None => format!("ClientIP, IPVS persistence {t}s"),
+        let template = q.saddr.zip(view.templates.as_ref()).map(|(s, templates)| {
+            templates.iter().find(|p| {
+                p.client == s && p.proto == q.proto && p.vaddr == key.addr && p.vport == key.port
+            })
+        });
+        ex.affinity = Some(match (q.saddr, template) {
+            (Some(s), Some(Some(p))) => {
+                let to = sock(p.dest, p.dport);
+                let draining = vs
+                    .dests
+                    .get(&(p.dest, p.dport))
+                    .is_none_or(|d| d.weight == 0);
+                ex.steps.push(format!(
+                    "session affinity: {s} goes back to {to} (IPVS persistence template, {}s left)",
+                    p.expires
+                ));
+                if draining {
+                    ex.steps.push(format!(
+                        "{to} is draining or gone, but IPVS keeps sending {s} there while the template lives"
+                    ));
+                }
+                format!(
+                    "{s} -> {to} (IPVS persistence template, {}s left)",
+                    p.expires
+                )
+            }
+            (Some(s), Some(None)) => {
+                ex.steps.push(format!(
+                    "session affinity: no persistence template for {s} yet (the scheduler picks)"
+                ));
+                format!("ClientIP, IPVS persistence {t}s; no template for {s} yet")
+            }
+            (Some(s), None) => {
+                format!("ClientIP, IPVS persistence {t}s; {s}'s template not read (desired state)")
+            }
+            (None, _) => format!("ClientIP, IPVS persistence {t}s"),
         });
     }
     // Hairpin: a pod reaching itself through the service.

@@ -179,13 +179,47 @@ fn not_a_service() {
 }
 
 #[test]
-fn affinity_shows_the_persistence_and_says_the_template_is_not_readable() {
-    let (_, v) = kernel(&cluster());
-    let ex = explain_ipvs(&v, &query("10.96.0.13:80/tcp", Some("10.244.1.9")));
+fn affinity_shows_the_clients_persistence_template() {
+    let (_, mut v) = kernel(&cluster());
+    let q = query("10.96.0.13:80/tcp", Some("10.244.1.9"));
+    // Templates not read: the persistence alone.
+    let ex = explain_ipvs(&v, &q);
     assert_eq!(ex.outcome, Outcome::Served, "{ex:#?}");
     let a = ex.affinity.unwrap();
     assert!(a.contains("persistence 10800s"), "{a}");
-    assert!(a.contains("not shown"), "{a}");
+    assert!(a.contains("not read"), "{a}");
+    // Read, none for this client yet.
+    v.templates = Some(Vec::new());
+    let a = explain_ipvs(&v, &q).affinity.unwrap();
+    assert!(a.contains("no template for 10.244.1.9 yet"), "{a}");
+    // Its template (another client's and another service's do not count).
+    let template = |client: &str, vaddr: &str, dest: &str| PersistenceTemplate {
+        proto: 6,
+        client: ip(client),
+        vaddr: ip(vaddr),
+        vport: 80,
+        dest: ip(dest),
+        dport: 8080,
+        expires: 100,
+    };
+    v.templates = Some(vec![
+        template("10.244.1.8", "10.96.0.13", "10.244.9.9"),
+        template("10.244.1.9", "10.96.0.10", "10.244.9.9"),
+        template("10.244.1.9", "10.96.0.13", "10.244.1.7"),
+    ]);
+    let ex = explain_ipvs(&v, &q);
+    assert_eq!(
+        ex.affinity.as_deref(),
+        Some("10.244.1.9 -> 10.244.1.7:8080 (IPVS persistence template, 100s left)")
+    );
+    assert!(!ex.steps.iter().any(|s| s.contains("draining")), "{ex:#?}");
+    // A template to a real server that is gone: IPVS still follows it.
+    v.templates = Some(vec![template("10.244.1.9", "10.96.0.13", "10.244.9.9")]);
+    let ex = explain_ipvs(&v, &q);
+    assert!(
+        ex.steps.iter().any(|s| s.contains("draining or gone")),
+        "{ex:#?}"
+    );
 }
 
 #[test]
