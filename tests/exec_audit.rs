@@ -59,13 +59,21 @@ fn only_the_launch(trace: &str, bin: &Path) -> Result<(), String> {
     if !launch.line.trim_end().ends_with("= 0") {
         return Err(format!("the launch failed: {}", launch.line));
     }
-    if !trace
-        .lines()
-        .any(|l| l.starts_with(&format!("{} +++ exited with", launch.pid)))
-    {
+    if exit_of(trace, launch.pid).is_none() {
         return Err("the trace does not reach the process's exit".into());
     }
     Ok(())
+}
+
+/// `pid`'s exit line in the trace, from "exited with" on. strace pads the pid
+/// to five columns (`1059  +++ exited with 0 +++`), so the line is split on
+/// whitespace, not matched by prefix.
+fn exit_of(trace: &str, pid: u32) -> Option<&str> {
+    trace.lines().find_map(|line| {
+        let (p, rest) = line.split_once(' ')?;
+        let rest = rest.trim_start().strip_prefix("+++ ")?;
+        (p.trim().parse::<u32>().ok()? == pid && rest.starts_with("exited with")).then_some(rest)
+    })
 }
 
 #[test]
@@ -85,6 +93,10 @@ fn the_audit_catches_an_exec() {
     assert!(only_the_launch(&other, bin).is_err());
     let no_exit = ok.replace("100 +++ exited with 0 +++\n", "");
     assert!(only_the_launch(&no_exit, bin).is_err());
+    // strace pads short pids: the same trace from a fresh machine.
+    let padded = ok.replace("100 ", "100  ").replace("101 ", "101  ");
+    assert_eq!(only_the_launch(&padded, bin), Ok(()));
+    assert_eq!(exit_of(&padded, 100), Some("exited with 0 +++"));
 }
 
 fn manifests(t: &Topo, backend: &str) -> String {
@@ -174,8 +186,9 @@ fn the_daemon_and_cleanup_never_exec() {
     if let Err(e) = only_the_launch(&trace, Path::new(BIN)) {
         panic!("run: {e}\ntrace:\n{trace}\nlog:\n{}", p.log());
     }
-    assert!(
-        trace.contains(&format!("{daemon} +++ exited with 0 +++")),
+    assert_eq!(
+        exit_of(&trace, daemon),
+        Some("exited with 0 +++"),
         "the daemon did not exit 0 on SIGTERM:\n{trace}\nlog:\n{}",
         p.log()
     );
