@@ -37,11 +37,6 @@
 //!   endpoint . port` is one contiguous key too).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-
-/// The renderer's hash maps: keyed by element keys and service port names,
-/// hashed on every render. foldhash (per-process random seed, what hashbrown
-/// uses by default) costs a fraction of SipHash on these short keys.
-type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -57,6 +52,11 @@ use crate::model::{
     ClusterState, Endpoint, IpFamily, NodeInfo, ServicePort, ServicePortName, TrafficPolicy,
     categorize_endpoints,
 };
+
+/// The renderer's hash maps: keyed by element keys and service port names,
+/// hashed on every render. foldhash (per-process random seed, what hashbrown
+/// uses by default) costs a fraction of SipHash on these short keys.
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 /// Name of both of our tables (`ip kube-nlproxy`, `ip6 kube-nlproxy`).
 pub const TABLE: &str = "kube-nlproxy";
@@ -667,8 +667,7 @@ impl<'a> RenderedTable<'a> {
         &self.family.skeleton
     }
 
-    /// The services' elements, each with its set, in no particular order
-    /// (none of them is in the skeleton).
+    /// The services' elements, each with its set, in no particular order.
     pub fn service_elements(&self) -> impl Iterator<Item = (SetId, &'a Element)> + 'a {
         self.family
             .claims
@@ -818,7 +817,7 @@ impl FamilyRenderer {
     /// The whole table: skeleton plus the first claim of every element key.
     fn table(&self) -> TableSpec {
         let mut t = self.skeleton.clone();
-        let mut by_set: HashMap<SetId, Vec<Element>> = HashMap::new();
+        let mut by_set: FastMap<SetId, Vec<Element>> = FastMap::default();
         for ((set, _), claims) in &self.claims {
             if let Some(e) = claims.first() {
                 by_set.entry(*set).or_default().push(Element::clone(e));
