@@ -100,19 +100,8 @@ fn explain_predicts_what_connections_do() {
         output_text(&out)
     );
 
-    // Kernel only: the flags, no source.
-    let flags: Vec<&str> = p.args.iter().map(String::as_str).collect();
     let explain = |target: &str, from: Option<&str>, source: bool| -> Output {
-        let mut extra: Vec<&str> = vec![target, "--output", "json"];
-        if let Some(f) = from {
-            extra.extend(["--from", f]);
-        }
-        if source {
-            p.command(&["explain"], &extra)
-        } else {
-            extra.extend(flags.iter().copied());
-            p.command_bare(&["explain"], &extra)
-        }
+        p.explain_json(target, from, source)
     };
     let want = {
         let mut w = vec![format!("{a}:8080"), format!("{b}:8080")];

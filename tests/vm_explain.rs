@@ -90,18 +90,8 @@ fn ipvs_explain_predicts_what_connections_do() {
     ]));
     p.sync();
 
-    // Kernel only (no source): the mode's flags.
     let explain = |target: &str, from: Option<&str>, source: bool| -> Output {
-        let mut extra: Vec<&str> = vec![target, "--output", "json"];
-        if let Some(f) = from {
-            extra.extend(["--from", f]);
-        }
-        if source {
-            p.command(&["explain"], &extra)
-        } else {
-            extra.extend(args.iter().copied());
-            p.command_bare(&["explain"], &extra)
-        }
+        p.explain_json(target, from, source)
     };
     let both = {
         let mut w = vec![format!("{a}:8080"), format!("{b}:8080")];

@@ -1278,6 +1278,21 @@ impl Proxy {
     }
 
     /// `kube-nlproxy SUB` with only `extra` as flags (no source: kernel only).
+    /// `explain TARGET --output json [--from FROM]`: against the desired state
+    /// too (`source`), or the kernel alone with the daemon's flags.
+    pub fn explain_json(&self, target: &str, from: Option<&str>, source: bool) -> Output {
+        let mut extra: Vec<&str> = vec![target, "--output", "json"];
+        if let Some(f) = from {
+            extra.extend(["--from", f]);
+        }
+        if source {
+            self.command(&["explain"], &extra)
+        } else {
+            extra.extend(self.args.iter().map(String::as_str));
+            self.command_bare(&["explain"], &extra)
+        }
+    }
+
     pub fn command_bare(&self, sub: &[&str], extra: &[&str]) -> Output {
         let mut c = self.cmd(sub);
         c.args(extra);
