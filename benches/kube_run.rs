@@ -13,7 +13,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::apiserver::FakeApiServer;
-use common::{Proxy, Topo, unique};
+use common::{Proxy, Topo, status_kb, unique};
 use serde_json::{Value, json};
 
 const BIN: &str = env!("CARGO_BIN_EXE_kube-nlproxy");
@@ -40,16 +40,6 @@ fn slice(i: usize, second: &str) -> Value {
             {"addresses": [second], "conditions": {"ready": true}}
         ]
     })
-}
-
-fn status_kb(pid: u32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find(|l| l.starts_with(field))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
 }
 
 /// CPU time of every thread of `pid` so far, in seconds (schedstat: ns).

@@ -39,7 +39,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::cluster::RealCluster;
-use common::{NODE, Netns, enter_ns, in_ns, ipn, unique};
+use common::{NODE, Netns, enter_ns, in_ns, ipn, status_kb, unique};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -145,16 +145,6 @@ fn addresses(text: &str) -> HashSet<Ipv4Addr> {
     text.split(|c: char| !(c.is_ascii_digit() || c == '.'))
         .filter_map(|w| w.parse().ok())
         .collect()
-}
-
-fn status_kb(pid: u32, field: &str) -> u64 {
-    fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find(|l| l.starts_with(field))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
 }
 
 /// CPU time of `pid` (all threads) and of the children it has reaped, in seconds
@@ -567,15 +557,7 @@ fn run_scale(n: usize, changes: usize, timeout: Duration, kinds: &[Kind]) {
         &["addr", "add", &format!("{API_ADDR}/32"), "dev", "lo"],
     );
     let cluster = RealCluster::up(&api.0, API_ADDR, &["--endpoint-reconciler-type=none"]);
-    let bins = String::from_utf8(
-        Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/testenv/build"))
-            .output()
-            .unwrap()
-            .stdout,
-    )
-    .unwrap()
-    .trim()
-    .to_string();
+    let bins = RealCluster::components_dir();
     let node = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE,
         "labels": {"kubernetes.io/hostname": NODE}}});
     cluster.apply(&node.to_string());

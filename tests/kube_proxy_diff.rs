@@ -422,15 +422,7 @@ fn same_outcomes_as_kube_proxy_nftables() {
         );
     }
     let k = RealCluster::up(&api.0, API_ADDR, &["--endpoint-reconciler-type=none"]);
-    let bins = String::from_utf8(
-        Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/testenv/build"))
-            .output()
-            .unwrap()
-            .stdout,
-    )
-    .unwrap()
-    .trim()
-    .to_string();
+    let bins = RealCluster::components_dir();
     for (name, zone, a4, a6) in [
         (NODE, "zone-a", NODE_V4, NODE_V6),
         (REMOTE, "zone-b", REMOTE_V4, REMOTE_V6),

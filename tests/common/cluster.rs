@@ -25,6 +25,15 @@ pub struct RealCluster {
 }
 
 impl RealCluster {
+    /// The folder holding the built components (`testenv/build` builds what
+    /// is missing and prints it).
+    pub fn components_dir() -> String {
+        let out = Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/testenv/build"))
+            .output()
+            .expect("run testenv/build");
+        String::from_utf8(out.stdout).unwrap().trim().to_string()
+    }
+
     /// Starts a control plane in `netns`, kube-apiserver bound to `address` (an
     /// address of that namespace). Extra kube-apiserver flags in `apiserver_args`.
     pub fn up(netns: &str, address: &str, apiserver_args: &[&str]) -> RealCluster {
