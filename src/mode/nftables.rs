@@ -36,6 +36,8 @@
 //!   in `G + 1`, `G + 2`, and the chosen endpoint in `G + 1` onwards (so `group .
 //!   endpoint . port` is one contiguous key too).
 
+mod claims;
+
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
@@ -47,6 +49,7 @@ use kube_nlproxy_netlink::nft::{
     Set, SetFlags, Verdict,
 };
 
+use self::claims::{Claims, ClaimsTable, claim_key};
 use crate::mode::rules::{KeyField, RuleBuilder};
 use crate::model::{
     ClusterState, Endpoint, IpFamily, NodeInfo, ServicePort, ServicePortName, TrafficPolicy,
@@ -504,11 +507,12 @@ pub struct TableDelta {
     /// Sets to create first (a source-range prefix length newly in use).
     pub add_sets: Vec<Set>,
     /// Elements to delete, by set name (including the old version of changed ones).
-    pub delete_elements: BTreeMap<String, Vec<Element>>,
+    /// Shared with the renderer: a delta costs a pointer per element, not a copy.
+    pub delete_elements: BTreeMap<String, Vec<Arc<Element>>>,
     /// Chains whose rules changed: flushed and rewritten.
     pub chains: Vec<ChainSpec>,
-    /// Elements to add, by set name.
-    pub add_elements: BTreeMap<String, Vec<Element>>,
+    /// Elements to add, by set name (shared with the renderer).
+    pub add_elements: BTreeMap<String, Vec<Arc<Element>>>,
     /// Sets to delete last.
     pub delete_sets: Vec<String>,
     /// Entry points (`address . proto . port`) with ClientIP affinity that lost
@@ -672,12 +676,55 @@ impl<'a> RenderedTable<'a> {
         self.family
             .claims
             .iter()
-            .filter_map(|((set, _), claims)| claims.first().map(|e| (*set, &**e)))
+            .filter_map(|claims| claims.first().map(|e| (claims.set(), &**e)))
     }
 
     /// The whole table, built: O(elements).
     pub fn table(&self) -> TableSpec {
         self.family.table()
+    }
+
+    /// How many elements the services hold (what [`service_elements`](Self::service_elements) yields).
+    pub fn service_element_count(&self) -> usize {
+        self.family.claims.len()
+    }
+
+    /// The services' elements, each with its set's name, one Service (every
+    /// port of `ns/name`) at a time in name order: what a cold start sends,
+    /// whole Services per transaction. Each group is copied as it is taken, so
+    /// the caller never holds a copy of every element at once. An element that
+    /// several service ports claim comes with the one the kernel gets it from.
+    pub fn service_groups(self) -> impl Iterator<Item = Vec<(String, Element)>> + 'a {
+        let family = self.family;
+        let mut names: Vec<&'a ServicePortName> = family.services.keys().collect();
+        names.sort_unstable();
+        let mut names = names.into_iter().peekable();
+        std::iter::from_fn(move || {
+            let first = names.next()?;
+            let mut ports = vec![first];
+            while let Some(next) =
+                names.next_if(|n| n.namespace == first.namespace && n.name == first.name)
+            {
+                ports.push(next);
+            }
+            let mut group = Vec::new();
+            for port in ports {
+                let Some(rendered) = family.services.get(port) else {
+                    continue;
+                };
+                for (set, element) in &rendered.contribution.elements {
+                    let in_kernel = family
+                        .claims
+                        .get(*set, claim_key(*set, &element.key))
+                        .and_then(Claims::first)
+                        .is_some_and(|first| Arc::ptr_eq(first, element));
+                    if in_kernel {
+                        group.push((set.name(), Element::clone(element)));
+                    }
+                }
+            }
+            Some(group)
+        })
     }
 
     /// What [`table_summary`] says of [`table`](Self::table), counted.
@@ -688,12 +735,7 @@ impl<'a> RenderedTable<'a> {
             .values()
             .map(|s| s.elements.len())
             .sum::<usize>()
-            + self
-                .family
-                .claims
-                .values()
-                .filter(|c| !c.is_empty())
-                .count();
+            + self.service_element_count();
         summary_line(skeleton, elements)
     }
 }
@@ -743,46 +785,9 @@ fn inputs_hash(svc: &ServicePort, endpoints: &[Endpoint]) -> u64 {
     h.finish()
 }
 
-/// The claims on one element key: by service port, in name order. The first one
-/// is in the kernel.
-///
-/// Almost every key has one claim, so this is a short sorted vector (a `BTreeMap`
-/// would allocate a whole node of eleven entries per key).
-#[derive(Debug, Clone, Default)]
-struct Claims(Vec<(Arc<ServicePortName>, Arc<Element>)>);
-
-impl Claims {
-    /// The element in the kernel: the first claimer's.
-    fn first(&self) -> Option<&Arc<Element>> {
-        self.0.first().map(|(_, e)| e)
-    }
-
-    /// A claimer other than `name`.
-    fn other_than(&self, name: &ServicePortName) -> Option<&ServicePortName> {
-        self.0.iter().map(|(n, _)| &**n).find(|n| *n != name)
-    }
-
-    fn insert(&mut self, name: Arc<ServicePortName>, element: Arc<Element>) {
-        match self.0.binary_search_by(|(n, _)| (**n).cmp(&*name)) {
-            Ok(i) => self.0[i].1 = element,
-            Err(i) => {
-                // One claim is the rule: no room for four (Vec's first growth).
-                self.0.reserve_exact(1);
-                self.0.insert(i, (name, element))
-            }
-        }
-    }
-
-    fn remove(&mut self, name: &ServicePortName) {
-        if let Ok(i) = self.0.binary_search_by(|(n, _)| (**n).cmp(name)) {
-            self.0.remove(i);
-        }
-    }
-
-    fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-}
+/// The element keys (as [`claim_key`] cuts them) a render touched, with the
+/// element each had in the kernel before it.
+type Touched = FastMap<(SetId, Vec<KeyValue>), Option<Arc<Element>>>;
 
 /// The table of one family.
 #[derive(Debug, Clone)]
@@ -794,7 +799,7 @@ struct FamilyRenderer {
     /// `inputs`, `classes` and `prefixes`.
     skeleton: TableSpec,
     services: FastMap<ServicePortName, RenderedService>,
-    claims: FastMap<(SetId, Vec<KeyValue>), Claims>,
+    claims: ClaimsTable,
     classes: BTreeMap<Class, usize>,
     prefixes: BTreeMap<u8, usize>,
 }
@@ -808,7 +813,7 @@ impl FamilyRenderer {
             inputs: NodeInputs::default(),
             skeleton: TableSpec::new(family),
             services: FastMap::default(),
-            claims: FastMap::default(),
+            claims: ClaimsTable::default(),
             classes: BTreeMap::new(),
             prefixes: BTreeMap::new(),
         }
@@ -818,9 +823,12 @@ impl FamilyRenderer {
     fn table(&self) -> TableSpec {
         let mut t = self.skeleton.clone();
         let mut by_set: FastMap<SetId, Vec<Element>> = FastMap::default();
-        for ((set, _), claims) in &self.claims {
+        for claims in self.claims.iter() {
             if let Some(e) = claims.first() {
-                by_set.entry(*set).or_default().push(Element::clone(e));
+                by_set
+                    .entry(claims.set())
+                    .or_default()
+                    .push(Element::clone(e));
             }
         }
         for (set, mut elements) in by_set {
@@ -921,7 +929,10 @@ impl FamilyRenderer {
         node_changed: bool,
     ) -> (TableDelta, RenderStats) {
         let no_endpoints: Vec<Endpoint> = Vec::new();
-        let mut touched: FastMap<(SetId, Vec<KeyValue>), Option<Arc<Element>>> = FastMap::default();
+        // Rendering into an empty table (a start): every claimed key ends up
+        // added, so the keys touched need no record of what they held before.
+        let fresh = self.claims.is_empty();
+        let mut touched = Touched::default();
         let mut conflicts = Vec::new();
         let old_classes: BTreeSet<Class> = self.classes.keys().copied().collect();
         let old_prefixes: BTreeSet<u8> = self.prefixes.keys().copied().collect();
@@ -929,7 +940,7 @@ impl FamilyRenderer {
         for name in &dirty {
             let old_affinity = match self.services.remove(name) {
                 Some(old) => {
-                    self.withdraw(name, &old.contribution, &mut touched);
+                    self.withdraw(name, &old.contribution, (!fresh).then_some(&mut touched));
                     old.contribution.affinity
                 }
                 None => Vec::new(),
@@ -937,7 +948,12 @@ impl FamilyRenderer {
             if let Some(svc) = state.services.get(&(name.clone(), self.ip_family)) {
                 let eps = state.endpoints.get(name).unwrap_or(&no_endpoints);
                 let contribution = self.render(svc, eps, &state.node);
-                self.claim(name, &contribution, &mut touched, &mut conflicts);
+                self.claim(
+                    name,
+                    &contribution,
+                    (!fresh).then_some(&mut touched),
+                    &mut conflicts,
+                );
                 for (key, before) in &old_affinity {
                     let now = contribution
                         .affinity
@@ -981,8 +997,19 @@ impl FamilyRenderer {
             skeleton_delta(&self.skeleton, &skeleton, &mut delta);
             self.skeleton = skeleton;
         }
+        if fresh {
+            for claims in self.claims.iter() {
+                if let Some(first) = claims.first() {
+                    delta
+                        .add_elements
+                        .entry(claims.set().name())
+                        .or_default()
+                        .push(first.clone());
+                }
+            }
+        }
         for ((set, key), before) in touched {
-            let after = self.claims.get(&(set, key)).and_then(Claims::first);
+            let after = self.claims.get(set, &key).and_then(Claims::first);
             if before.as_ref() == after {
                 continue;
             }
@@ -994,14 +1021,14 @@ impl FamilyRenderer {
                     .delete_elements
                     .entry(set_name.clone())
                     .or_default()
-                    .push(Arc::unwrap_or_clone(b));
+                    .push(b);
             }
             if let Some(a) = after {
                 delta
                     .add_elements
                     .entry(set_name)
                     .or_default()
-                    .push(Element::clone(a));
+                    .push(a.clone());
             }
         }
         for elements in delta
@@ -1024,19 +1051,15 @@ impl FamilyRenderer {
         &mut self,
         name: &ServicePortName,
         contribution: &Contribution,
-        touched: &mut FastMap<(SetId, Vec<KeyValue>), Option<Arc<Element>>>,
+        mut touched: Option<&mut Touched>,
     ) {
         for (set, element) in &contribution.elements {
-            let key = (*set, claim_key(*set, &element.key));
-            let claims = self.claims.get_mut(&key);
-            let before = claims.as_ref().and_then(|c| c.first().cloned());
-            touched.entry(key.clone()).or_insert(before);
-            if let Some(claims) = claims {
-                claims.remove(name);
-                if claims.is_empty() {
-                    self.claims.remove(&key);
-                }
+            if let Some(touched) = touched.as_deref_mut() {
+                let key = claim_key(*set, &element.key);
+                let before = self.claims.get(*set, key).and_then(|c| c.first().cloned());
+                touched.entry((*set, key.to_vec())).or_insert(before);
             }
+            self.claims.withdraw(*set, &element.key, name);
         }
         for class in &contribution.classes {
             decrement(&mut self.classes, class);
@@ -1051,16 +1074,17 @@ impl FamilyRenderer {
         &mut self,
         name: &ServicePortName,
         contribution: &Contribution,
-        touched: &mut FastMap<(SetId, Vec<KeyValue>), Option<Arc<Element>>>,
+        mut touched: Option<&mut Touched>,
         conflicts: &mut Vec<String>,
     ) {
         let owner = Arc::new(name.clone());
         for (set, element) in &contribution.elements {
-            let key = (*set, claim_key(*set, &element.key));
-            let claims = self.claims.entry(key.clone()).or_default();
-            touched
-                .entry(key.clone())
-                .or_insert_with(|| claims.first().cloned());
+            if let Some(touched) = touched.as_deref_mut() {
+                let key = claim_key(*set, &element.key);
+                let before = self.claims.get(*set, key).and_then(|c| c.first().cloned());
+                touched.entry((*set, key.to_vec())).or_insert(before);
+            }
+            let claims = self.claims.claim(*set, owner.clone(), element.clone());
             let decides = matches!(
                 set,
                 SetId::Classes(_)
@@ -1072,10 +1096,11 @@ impl FamilyRenderer {
                 conflicts.push(format!(
                     "{}: {} is claimed by {first} and {name}; the first in name order keeps it",
                     set.name(),
-                    kube_nlproxy_netlink::nft::codec::fmt_element(&Element::new(key.1.clone())),
+                    kube_nlproxy_netlink::nft::codec::fmt_element(&Element::new(
+                        claim_key(*set, &element.key).to_vec()
+                    )),
                 ));
             }
-            claims.insert(owner.clone(), element.clone());
         }
         for class in &contribution.classes {
             *self.classes.entry(*class).or_default() += 1;
@@ -1295,18 +1320,6 @@ impl FamilyRenderer {
     }
 }
 
-/// What two service ports compete for in a set: an entry point's class is one
-/// claim whatever its count and timeout (the first claimer in name order decides
-/// where the entry point's traffic goes); every other element is its own key.
-fn claim_key(set: SetId, key: &[KeyValue]) -> Vec<KeyValue> {
-    let keep = match set {
-        SetId::Classes(_) => key.len().saturating_sub(2),
-        SetId::AffinityTimeouts => key.len().saturating_sub(1),
-        _ => key.len(),
-    };
-    key[..keep].to_vec()
-}
-
 fn decrement<K: Ord>(counts: &mut BTreeMap<K, usize>, key: &K) {
     if let Some(n) = counts.get_mut(key) {
         *n -= 1;
@@ -1344,7 +1357,12 @@ fn skeleton_delta(old: &TableSpec, new: &TableSpec, delta: &mut TableDelta) {
         match old.sets.get(name) {
             None => delta.add_sets.push(spec.set.clone()),
             Some(o) => {
-                let gone: Vec<Element> = o.elements.difference(&spec.elements).cloned().collect();
+                let gone: Vec<Arc<Element>> = o
+                    .elements
+                    .difference(&spec.elements)
+                    .cloned()
+                    .map(Arc::new)
+                    .collect();
                 if !gone.is_empty() {
                     delta
                         .delete_elements
@@ -1352,8 +1370,12 @@ fn skeleton_delta(old: &TableSpec, new: &TableSpec, delta: &mut TableDelta) {
                         .or_default()
                         .extend(gone);
                 }
-                let new_elements: Vec<Element> =
-                    spec.elements.difference(&o.elements).cloned().collect();
+                let new_elements: Vec<Arc<Element>> = spec
+                    .elements
+                    .difference(&o.elements)
+                    .cloned()
+                    .map(Arc::new)
+                    .collect();
                 if !new_elements.is_empty() {
                     delta
                         .add_elements
@@ -1368,7 +1390,7 @@ fn skeleton_delta(old: &TableSpec, new: &TableSpec, delta: &mut TableDelta) {
                 .add_elements
                 .entry(name.clone())
                 .or_default()
-                .extend(spec.elements.iter().cloned());
+                .extend(spec.elements.iter().cloned().map(Arc::new));
         }
     }
     for name in old.sets.keys() {

@@ -342,6 +342,11 @@ fn layout_changed(current: Current<'_>, desired: &TableSpec) -> bool {
     base_changed || set_changed
 }
 
+/// Copies of a delta's shared elements, for an operation.
+fn owned(elements: &[std::sync::Arc<Element>]) -> Vec<Element> {
+    elements.iter().map(|e| Element::clone(e)).collect()
+}
+
 fn push_elements(ops: &mut Vec<Op>, family: Family, set: &str, elements: Vec<Element>, add: bool) {
     if elements.is_empty() {
         return;
@@ -422,7 +427,7 @@ pub fn delta_ops(delta: &TableDelta) -> Vec<Op> {
         set: set.clone(),
     }));
     for (set, elements) in &delta.delete_elements {
-        push_elements(&mut ops, family, set, elements.clone(), false);
+        push_elements(&mut ops, family, set, owned(elements), false);
     }
     for spec in &delta.chains {
         if !delta.new_chains.contains(&spec.chain) {
@@ -439,7 +444,7 @@ pub fn delta_ops(delta: &TableDelta) -> Vec<Op> {
         }));
     }
     for (set, elements) in &delta.add_elements {
-        push_elements(&mut ops, family, set, elements.clone(), true);
+        push_elements(&mut ops, family, set, owned(elements), true);
     }
     ops.extend(delta.delete_sets.iter().map(|name| Op::DeleteSet {
         family,

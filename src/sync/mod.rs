@@ -179,10 +179,8 @@ pub fn cold_start_batches(ops: Vec<Op>, limit: usize) -> Vec<Vec<Op>> {
     if total <= limit {
         return vec![ops];
     }
-    type SetRef = (Family, String, String);
     let mut first = Vec::new();
-    let mut sets: Vec<SetRef> = Vec::new();
-    let mut by_service: BTreeMap<String, Vec<(usize, Element)>> = BTreeMap::new();
+    let mut by_service: BTreeMap<String, ServiceElements> = BTreeMap::new();
     for op in ops {
         let Op::AddElements {
             family,
@@ -194,15 +192,14 @@ pub fn cold_start_batches(ops: Vec<Op>, limit: usize) -> Vec<Vec<Op>> {
             first.push(op);
             continue;
         };
-        let index = sets.len();
-        sets.push((family, table.clone(), set.clone()));
         let mut unnamed = Vec::new();
         for e in elements {
             match e.comment.as_deref().and_then(service_of_comment) {
-                Some(service) => by_service
-                    .entry(service.to_string())
-                    .or_default()
-                    .push((index, e)),
+                Some(service) => by_service.entry(service.to_string()).or_default().push((
+                    family,
+                    set.clone(),
+                    e,
+                )),
                 None => unnamed.push(e),
             }
         }
@@ -215,39 +212,58 @@ pub fn cold_start_batches(ops: Vec<Op>, limit: usize) -> Vec<Vec<Op>> {
             });
         }
     }
-    let batch_of = |groups: Vec<Vec<(usize, Element)>>| -> Vec<Op> {
-        let mut per_set: BTreeMap<usize, Vec<Element>> = BTreeMap::new();
-        for (index, e) in groups.into_iter().flatten() {
-            per_set.entry(index).or_default().push(e);
+    cold_start_transactions(first, by_service.into_values(), total, limit).collect()
+}
+
+/// One Service's elements, each with its family and set name.
+pub type ServiceElements = Vec<(Family, String, Element)>;
+
+/// The transactions of a cold start, built one at a time as they are taken, so
+/// a cold start never holds a copy of every element: `first` (tables, chains,
+/// sets, rules, node-wide elements) alone, then `services` (`total` elements in
+/// all), whole Services, at most `limit` elements per transaction (a bigger
+/// Service gets one of its own). When `total` fits in `limit`, everything is one
+/// transaction.
+pub fn cold_start_transactions(
+    first: Vec<Op>,
+    services: impl Iterator<Item = ServiceElements>,
+    total: usize,
+    limit: usize,
+) -> impl Iterator<Item = Vec<Op>> {
+    let together = total <= limit;
+    let mut first = Some(first);
+    let mut services = services.peekable();
+    std::iter::from_fn(move || {
+        let mut ops = match first.take() {
+            Some(first) if !together => return Some(first),
+            Some(first) => first,
+            None => Vec::new(),
+        };
+        let mut per_set: BTreeMap<(Family, String), Vec<Element>> = BTreeMap::new();
+        let mut size = 0;
+        while let Some(service) =
+            services.next_if(|s| together || size == 0 || size + s.len() <= limit)
+        {
+            size += service.len();
+            for (family, set, element) in service {
+                per_set.entry((family, set)).or_default().push(element);
+            }
         }
-        per_set
-            .into_iter()
-            .map(|(index, elements)| {
-                let (family, table, set) = sets[index].clone();
-                Op::AddElements {
+        if ops.is_empty() && per_set.is_empty() {
+            return None;
+        }
+        ops.extend(
+            per_set
+                .into_iter()
+                .map(|((family, set), elements)| Op::AddElements {
                     family,
-                    table,
+                    table: TABLE.to_string(),
                     set,
                     elements,
-                }
-            })
-            .collect()
-    };
-    let mut batches = vec![first];
-    let mut pending: Vec<Vec<(usize, Element)>> = Vec::new();
-    let mut size = 0;
-    for group in by_service.into_values() {
-        if size > 0 && size + group.len() > limit {
-            batches.push(batch_of(std::mem::take(&mut pending)));
-            size = 0;
-        }
-        size += group.len();
-        pending.push(group);
-    }
-    if !pending.is_empty() {
-        batches.push(batch_of(pending));
-    }
-    batches
+                }),
+        );
+        Some(ops)
+    })
 }
 
 /// What one sync did.
@@ -364,7 +380,7 @@ impl<D: Dataplane> Syncer<D> {
         desired: impl FnOnce() -> Vec<TableSpec>,
     ) -> Result<SyncOutcome, SyncError> {
         let full = self.need_full;
-        let batches = if full {
+        let counts = if full {
             let tables = desired();
             let (mut warm, mut cold) = (Vec::new(), Vec::new());
             for t in &tables {
@@ -376,27 +392,48 @@ impl<D: Dataplane> Syncer<D> {
                 }
             }
             warm.extend(cold);
-            cold_start_batches(warm, COLD_START_BATCH_ELEMENTS)
+            self.send(cold_start_batches(warm, COLD_START_BATCH_ELEMENTS))?
         } else {
-            vec![deltas.iter().flat_map(delta_ops).collect()]
+            self.send([deltas.iter().flat_map(delta_ops).collect()])?
         };
+        Ok(self.synced(full, counts, deltas))
+    }
+
+    /// Sends `transactions` in order; a failed one makes the next sync a full
+    /// one. Returns the operation counts of all of them.
+    fn send(
+        &mut self,
+        transactions: impl IntoIterator<Item = Vec<Op>>,
+    ) -> Result<BTreeMap<&'static str, usize>, SyncError> {
         // The renderer holds the desired state; nothing needs remembering here.
         self.committed.clear();
-        let mut ops = Vec::new();
-        for batch in batches.into_iter().filter(|b| !b.is_empty()) {
-            if let Err(e) = self.dataplane.apply(&batch) {
+        let mut counts = BTreeMap::new();
+        for ops in transactions.into_iter().filter(|ops| !ops.is_empty()) {
+            if let Err(e) = self.dataplane.apply(&ops) {
                 self.need_full = true;
                 return Err(e);
             }
-            ops.extend(batch);
+            for (kind, n) in op_counts(&ops) {
+                *counts.entry(kind).or_insert(0) += n;
+            }
         }
+        Ok(counts)
+    }
+
+    /// After a successful sync: the generation our state is at, and the clients'
+    /// affinity entries that `deltas` made stale.
+    fn synced(
+        &mut self,
+        full: bool,
+        mut counts: BTreeMap<&'static str, usize>,
+        deltas: &[TableDelta],
+    ) -> SyncOutcome {
         self.need_full = false;
-        // The generation our state is at (a sync that sent nothing leaves it
-        // where it was: one request less, and a drift check would look).
-        if full || !ops.is_empty() {
+        // A sync that sent nothing leaves the generation where it was: one
+        // request less, and a drift check would look.
+        if full || !counts.is_empty() {
             self.generation = self.dataplane.generation().ok();
         }
-        let mut counts = op_counts(&ops);
         for delta in deltas.iter().filter(|d| !d.affinity_cleanup.is_empty()) {
             let Some(family) = delta.family else { continue };
             match self.clean_affinity(family, &delta.affinity_cleanup, false) {
@@ -405,7 +442,50 @@ impl<D: Dataplane> Syncer<D> {
                 Err(e) => tracing::warn!("clearing stale session-affinity entries failed: {e}"),
             }
         }
-        Ok(SyncOutcome { full, ops: counts })
+        SyncOutcome { full, ops: counts }
+    }
+
+    /// The full sync of a renderer: each table that exists is read back and
+    /// diffed with the whole desired table; a table that does not exist is
+    /// created from the renderer's parts, the skeleton first and then the
+    /// services, one bounded transaction at a time
+    /// ([`cold_start_transactions`]), without building the whole table.
+    fn sync_full_rendered(
+        &mut self,
+        renderer: &NftablesRenderer,
+        deltas: &[TableDelta],
+    ) -> Result<SyncOutcome, SyncError> {
+        let mut first = Vec::new();
+        let mut cold = Vec::new();
+        for table in renderer.rendered() {
+            let family = table.skeleton().family;
+            match self.dataplane.dump(family, TABLE)? {
+                Some(current) => {
+                    first.extend(diff(Some(Current::Dumped(&current)), &table.table()))
+                }
+                None => cold.push(table),
+            }
+        }
+        for table in &cold {
+            first.extend(diff(None, table.skeleton()));
+        }
+        let total = cold.iter().map(RenderedTable::service_element_count).sum();
+        let services = cold.into_iter().flat_map(|table| {
+            let family = table.skeleton().family;
+            table.service_groups().map(move |group| {
+                group
+                    .into_iter()
+                    .map(|(set, element)| (family, set, element))
+                    .collect()
+            })
+        });
+        let counts = self.send(cold_start_transactions(
+            first,
+            services,
+            total,
+            COLD_START_BATCH_ELEMENTS,
+        ))?;
+        Ok(self.synced(true, counts, deltas))
     }
 
     /// [`sync_incremental`](Self::sync_incremental) for a renderer's update; a
@@ -417,7 +497,11 @@ impl<D: Dataplane> Syncer<D> {
         renderer: &NftablesRenderer,
         deltas: &[TableDelta],
     ) -> Result<SyncOutcome, SyncError> {
-        let mut outcome = self.sync_incremental(deltas, || renderer.tables())?;
+        let mut outcome = if self.need_full {
+            self.sync_full_rendered(renderer, deltas)?
+        } else {
+            self.sync_incremental(deltas, || renderer.tables())?
+        };
         if outcome.full {
             for (family, entries) in renderer.affinity_entries() {
                 match self.clean_affinity(family, &entries, true) {

@@ -505,6 +505,132 @@ fn a_cold_start_goes_in_bounded_transactions_of_whole_services() {
     assert_eq!(cold_start_batches(small.clone(), limit), vec![small]);
 }
 
+/// A dataplane that keeps every transaction it passes on.
+struct Recording {
+    kernel: FakeKernel,
+    transactions: Vec<Vec<Op>>,
+}
+
+impl Dataplane for Recording {
+    fn dump(&mut self, family: Family, table: &str) -> Result<Option<TableSnapshot>, SyncError> {
+        self.kernel.dump(family, table)
+    }
+    fn apply(&mut self, ops: &[Op]) -> Result<(), SyncError> {
+        self.transactions.push(ops.to_vec());
+        self.kernel.apply(ops)
+    }
+    fn dump_set_elements(
+        &mut self,
+        family: Family,
+        set: &Set,
+    ) -> Result<Option<Vec<Element>>, SyncError> {
+        self.kernel.dump_set_elements(family, set)
+    }
+    fn messages_sent(&self) -> u64 {
+        self.kernel.messages_sent()
+    }
+    fn generation(&mut self) -> Result<u32, SyncError> {
+        self.kernel.generation()
+    }
+    fn dump_skeleton(
+        &mut self,
+        family: Family,
+        table: &str,
+    ) -> Result<Option<TableSnapshot>, SyncError> {
+        self.kernel.dump_skeleton(family, table)
+    }
+}
+
+/// A renderer's cold start, built from its parts one transaction at a time:
+/// the skeleton alone first, then whole services, each transaction within the
+/// limit, and the kernel ends up with exactly the desired tables. A small
+/// cold start is one transaction.
+#[test]
+fn a_rendered_cold_start_sends_whole_services_in_bounded_transactions() {
+    let state = two_endpoint_services(10_000);
+    let mut renderer = NftablesRenderer::default();
+    let (deltas, _) = renderer.update(&state, &opts());
+    let total: usize = renderer.rendered().map(|t| t.service_element_count()).sum();
+    assert!(total > COLD_START_BATCH_ELEMENTS, "{total} elements");
+    let mut syncer = Syncer::new(Recording {
+        kernel: FakeKernel::default(),
+        transactions: Vec::new(),
+    });
+    let outcome = syncer.sync_rendered(&renderer, &deltas).unwrap();
+    assert!(outcome.full);
+    let transactions = &syncer.dataplane.transactions;
+    assert!(
+        transactions.len() >= 3,
+        "{} transactions",
+        transactions.len()
+    );
+    let mut seen = BTreeMap::new();
+    let mut elements = 0;
+    for (i, ops) in transactions.iter().enumerate() {
+        let mut size = 0;
+        for op in ops {
+            match op {
+                Op::AddElements { elements, .. } => {
+                    size += elements.len();
+                    for e in elements {
+                        let Some(service) = e.comment.as_deref().and_then(service_of_comment)
+                        else {
+                            assert_eq!(i, 0, "node-wide elements come with the skeleton");
+                            continue;
+                        };
+                        let first = *seen.entry(service.to_string()).or_insert(i);
+                        assert_eq!(first, i, "{service} split over two transactions");
+                        assert!(i > 0, "service elements after the skeleton");
+                    }
+                }
+                _ => assert_eq!(i, 0, "only the first transaction makes objects: {op}"),
+            }
+        }
+        assert!(size <= COLD_START_BATCH_ELEMENTS, "transaction {i}: {size}");
+        elements += size;
+    }
+    assert_eq!(seen.len(), 10_000);
+    assert!(elements >= total);
+    assert_eq!(outcome.ops["add-element"], elements);
+    let mut one = FakeKernel::default();
+    let ops: Vec<Op> = renderer
+        .tables()
+        .iter()
+        .flat_map(|t| diff(None, t))
+        .collect();
+    one.apply(&ops).unwrap();
+    assert_eq!(
+        kernel_tables(&mut one),
+        kernel_tables(&mut syncer.dataplane.kernel)
+    );
+    assert_eq!(
+        syncer.verify_rendered(&renderer).unwrap(),
+        Vec::<String>::new()
+    );
+
+    // 50 services fit in one transaction.
+    let state = two_endpoint_services(50);
+    let mut renderer = NftablesRenderer::default();
+    let (deltas, _) = renderer.update(&state, &opts());
+    let mut syncer = Syncer::new(Recording {
+        kernel: FakeKernel::default(),
+        transactions: Vec::new(),
+    });
+    syncer.sync_rendered(&renderer, &deltas).unwrap();
+    assert_eq!(syncer.dataplane.transactions.len(), 1);
+    let mut one = FakeKernel::default();
+    let ops: Vec<Op> = renderer
+        .tables()
+        .iter()
+        .flat_map(|t| diff(None, t))
+        .collect();
+    one.apply(&ops).unwrap();
+    assert_eq!(
+        kernel_tables(&mut one),
+        kernel_tables(&mut syncer.dataplane.kernel)
+    );
+}
+
 #[test]
 fn one_endpoint_change_among_10k_sends_a_constant_handful_and_a_noop_nothing() {
     let mut state = two_endpoint_services(10_000);

@@ -5,6 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use kube_nlproxy_netlink::ipset::{IpsetMember, IpsetType};
 use kube_nlproxy_netlink::nft::{Element, KeyValue};
@@ -500,14 +501,16 @@ impl ElementChanges {
             if !elements.is_empty() {
                 let d = deltas.entry(family).or_default();
                 d.family = Some(family_of(family));
-                d.delete_elements.insert(set, elements);
+                d.delete_elements
+                    .insert(set, elements.into_iter().map(Arc::new).collect());
             }
         }
         for ((family, set), elements) in self.add {
             if !elements.is_empty() {
                 let d = deltas.entry(family).or_default();
                 d.family = Some(family_of(family));
-                d.add_elements.insert(set, elements);
+                d.add_elements
+                    .insert(set, elements.into_iter().map(Arc::new).collect());
             }
         }
         deltas.into_values().collect()
