@@ -1,7 +1,8 @@
 //! `source::kube` against the fake API server of `tests/common/apiserver.rs`, through
 //! the real kube client: initial sync gating, label/field selectors, event
 //! application, no-op suppression, recovery from cut watches and 410 Gone relists,
-//! ServiceCIDR discovery, the Starting event, and client configuration.
+//! ServiceCIDR discovery, paged initial lists, the Starting event, and client
+//! configuration; and the fake server's own protocol (selectors, paging, 410s).
 //!
 //! No root needed.
 
@@ -650,4 +651,163 @@ async fn fake_server_protocol() {
         .into_iter()
         .any(|r| r.param("sendInitialEvents") == Some("true"));
     assert!(streaming);
+}
+
+/// `GET path_and_query` over a fresh connection: the status code and the JSON body.
+fn raw_get(server: &FakeApiServer, path_and_query: &str) -> (u16, Value) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(server.addr()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "GET {path_and_query} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let (head, body) = out.split_once("\r\n\r\n").expect("no end of headers");
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("bad status line: {head}"));
+    let body = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"));
+    (code, body)
+}
+
+fn item_names(list: &Value) -> Vec<&str> {
+    list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["metadata"]["name"].as_str().unwrap())
+        .collect()
+}
+
+/// The fake server's paged lists: `limit`, `continue`, `remainingItemCount`, one
+/// resourceVersion for every page, 410 for an expired token, 400 for a bad one.
+#[test]
+fn fake_server_paged_lists() {
+    let server = FakeApiServer::start();
+    for i in 0..7 {
+        let labels = if i % 2 == 0 {
+            json!({"parity": "even"})
+        } else {
+            json!({})
+        };
+        server.create(service_labelled(&format!("s{i}"), "10.96.0.1", labels));
+    }
+    let list_rv = server.resource_version().to_string();
+    let path = "/api/v1/namespaces/default/services";
+
+    let (code, first) = raw_get(&server, &format!("{path}?limit=3"));
+    assert_eq!(code, 200, "{first}");
+    assert_eq!(item_names(&first), ["s0", "s1", "s2"]);
+    assert_eq!(first["metadata"]["resourceVersion"], list_rv.as_str());
+    assert_eq!(first["metadata"]["remainingItemCount"], 4);
+    let token = first["metadata"]["continue"].as_str().unwrap().to_owned();
+
+    // A write between pages does not change the resourceVersion the pages report.
+    server.update(service_labelled(
+        "s0",
+        "10.96.0.2",
+        json!({"parity": "even"}),
+    ));
+    assert_ne!(server.resource_version().to_string(), list_rv);
+    let (code, second) = raw_get(&server, &format!("{path}?limit=3&continue={token}"));
+    assert_eq!(code, 200, "{second}");
+    assert_eq!(item_names(&second), ["s3", "s4", "s5"]);
+    assert_eq!(second["metadata"]["resourceVersion"], list_rv.as_str());
+    assert_eq!(second["metadata"]["remainingItemCount"], 1);
+    let token2 = second["metadata"]["continue"].as_str().unwrap();
+    let (code, third) = raw_get(&server, &format!("{path}?limit=3&continue={token2}"));
+    assert_eq!(code, 200, "{third}");
+    assert_eq!(item_names(&third), ["s6"]);
+    assert_eq!(third["metadata"]["resourceVersion"], list_rv.as_str());
+    assert!(third["metadata"].get("continue").is_none(), "{third}");
+    assert!(third["metadata"].get("remainingItemCount").is_none());
+    assert_eq!(server.list_count(Resource::Services), 3, "each page counts");
+
+    // No limit (or limit=0): one page. A selector: pages, but no remainingItemCount.
+    let (_, all) = raw_get(&server, &format!("{path}?limit=0"));
+    assert_eq!(item_names(&all).len(), 7);
+    assert!(all["metadata"].get("continue").is_none());
+    let (_, even) = raw_get(
+        &server,
+        &format!("{path}?limit=2&labelSelector=parity%3Deven"),
+    );
+    assert_eq!(item_names(&even), ["s0", "s2"]);
+    assert!(even["metadata"]["continue"].is_string(), "{even}");
+    assert!(
+        even["metadata"].get("remainingItemCount").is_none(),
+        "{even}"
+    );
+    let even_token = even["metadata"]["continue"].as_str().unwrap();
+    let (_, even2) = raw_get(
+        &server,
+        &format!("{path}?limit=2&labelSelector=parity%3Deven&continue={even_token}"),
+    );
+    assert_eq!(item_names(&even2), ["s4", "s6"]);
+    assert!(even2["metadata"].get("continue").is_none(), "{even2}");
+
+    // Malformed input: 400 BadRequest.
+    for query in [
+        "limit=3&continue=garbage",
+        "limit=3&continue=7b7d", // hex of "{}"
+        "limit=x",
+        &format!("limit=3&continue={token}&resourceVersion={list_rv}"),
+    ] {
+        let (code, body) = raw_get(&server, &format!("{path}?{query}"));
+        assert_eq!(code, 400, "{query}: {body}");
+        assert_eq!(body["reason"], "BadRequest", "{query}: {body}");
+    }
+
+    // A token from before the watch history: 410 Expired.
+    server.expire_history();
+    let (code, body) = raw_get(&server, &format!("{path}?limit=3&continue={token}"));
+    assert_eq!(code, 410, "{body}");
+    assert_eq!(body["kind"], "Status");
+    assert_eq!(body["code"], 410);
+    assert_eq!(body["reason"], "Expired");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("The provided continue parameter is too old"),
+        "{body}"
+    );
+}
+
+/// More objects than the watcher's page (500): the initial lists are paged, and the
+/// source still gets every object, then the changes after the list.
+#[tokio::test]
+async fn paged_initial_lists_deliver_every_object() {
+    const COUNT: usize = 1200;
+    let server = FakeApiServer::start();
+    server.create(node(NODE, "10.77.0.1"));
+    for i in 0..COUNT {
+        let name = format!("svc-{i:04}");
+        let ip = format!("10.96.{}.{}", i / 250, i % 250 + 1);
+        server.create(service(&name, &ip));
+        server.create(slice(&format!("{name}-1"), &name, "10.244.1.5"));
+    }
+    let (source, mut rx) = synced(&server, "paged").await;
+    let snap = source.snapshot();
+    assert_eq!(snap.services.len(), COUNT);
+    assert_eq!(snap.endpoint_slices.len(), COUNT);
+    let continued = |resource| {
+        server
+            .requests()
+            .iter()
+            .filter(|r| r.resource() == Some(resource) && r.param("continue").is_some())
+            .count()
+    };
+    assert_eq!(continued(Resource::Services), 2, "1200 in pages of 500");
+    assert_eq!(continued(Resource::EndpointSlices), 2);
+    assert_eq!(server.list_count(Resource::Services), 3);
+
+    // The watch starts at the paged list's resourceVersion.
+    server.create(service("late", "10.96.9.1"));
+    wait_generation(&mut rx, "a change after the paged list", |g| g > 1).await;
+    assert_eq!(source.snapshot().services.len(), COUNT + 1);
 }

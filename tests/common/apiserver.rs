@@ -12,8 +12,20 @@
 //! - one global `resourceVersion` counter; every write bumps it; a list carries it in
 //!   `metadata.resourceVersion`;
 //! - `labelSelector` (`key`, `!key`, `key=value`, `key==value`, `key!=value`) and
-//!   `fieldSelector` (`metadata.name`, `metadata.namespace`); `limit`/`continue`
-//!   are accepted and ignored (a list is always one page);
+//!   `fieldSelector` (`metadata.name`, `metadata.namespace`);
+//! - paged lists: `limit=N` (N > 0) returns at most N items in key order
+//!   (namespace, then name); when more remain, `metadata.continue` carries an opaque
+//!   token (hex of a small JSON: the first page's resourceVersion and the last key
+//!   returned) and, for lists without a label or field selector,
+//!   `metadata.remainingItemCount` the number left. `continue=TOKEN` resumes after
+//!   that key, and every page reports the first page's resourceVersion. A token
+//!   older than the watch history (the bound that makes a watch get 410) gets HTTP
+//!   410 Expired; a malformed one, one combined with `resourceVersion`, or a
+//!   malformed `limit` gets 400 BadRequest. Unlike the real server (which reads later pages from an etcd
+//!   snapshot), later pages show the objects as they are now; a client that watches
+//!   from the reported resourceVersion gets the writes in between replayed, so it
+//!   converges all the same. The list's own `resourceVersion` parameter is ignored
+//!   (a list is always of the latest state); `limit=0` or none means one page;
 //! - `watch=true`: a chunked stream of `{"type":..,"object":..}` lines, replaying the
 //!   bounded event history after the given resourceVersion; an object that starts or
 //!   stops matching the selector arrives as ADDED/DELETED; BOOKMARKs every second when
@@ -25,11 +37,13 @@
 //!
 //! Test controls: [`FakeApiServer::create`]/`update`/`apply`/`delete` (JSON values),
 //! [`FakeApiServer::drop_watches`], [`FakeApiServer::expire_history`],
-//! [`FakeApiServer::fail_next`], and the request log.
+//! [`FakeApiServer::fail_next`], and the request log ([`FakeApiServer::list_count`]
+//! counts HTTP list requests, so a list of three pages counts three).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::ops::Bound;
 use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, JoinHandle};
@@ -426,7 +440,8 @@ impl FakeApiServer {
         self.inner.lock().requests.clone()
     }
 
-    /// How many list (non-watch GET collection) requests `resource` got.
+    /// How many list (non-watch GET collection) requests `resource` got; each page
+    /// of a paged list is one request.
     pub fn list_count(&self, resource: Resource) -> usize {
         self.count(resource, false)
     }
@@ -855,6 +870,7 @@ fn reason_phrase(code: u16) -> &'static str {
     match code {
         200 => "OK",
         201 => "Created",
+        400 => "Bad Request",
         404 => "Not Found",
         405 => "Method Not Allowed",
         410 => "Gone",
@@ -992,20 +1008,12 @@ fn handle(
                 drop(state);
                 return watch(inner, stream, &request, &selection);
             }
-            let items: Vec<Value> = state
-                .objects
-                .iter()
-                .filter(|((r, _, _), o)| selection.matches(*r, o))
-                .map(|(_, o)| o.clone())
-                .collect();
-            let list = json!({
-                "apiVersion": resource.api_version(),
-                "kind": format!("{}List", resource.kind()),
-                "metadata": {"resourceVersion": state.rv.to_string()},
-                "items": items,
-            });
+            let page = list_page(&state, &request, &selection);
             drop(state);
-            write_response(stream, 200, &list)?;
+            match page {
+                Ok(list) => write_response(stream, 200, &list)?,
+                Err((code, body)) => write_response(stream, code, &body)?,
+            }
             Ok(true)
         }
         (
@@ -1062,6 +1070,162 @@ fn handle(
             Ok(true)
         }
     }
+}
+
+// ---------------------------------------------------------------------------
+// Paged lists
+// ---------------------------------------------------------------------------
+
+/// The real server's message for a `continue` token whose resourceVersion has been
+/// compacted away.
+const CONTINUE_EXPIRED: &str = "The provided continue parameter is too old to display a \
+     consistent list result. You can start a new list without the continue parameter.";
+
+/// What a `continue` token carries. The real server's token is base64 of a JSON
+/// object with the resourceVersion of the first page and the etcd key to start
+/// from; clients must treat it as opaque, so this one is hex of a JSON object with
+/// the first page's resourceVersion and the last key returned.
+#[derive(Debug, PartialEq)]
+struct ContinueToken {
+    /// The resourceVersion of the first page (every page reports it).
+    rv: u64,
+    /// The last key returned (empty for cluster-scoped objects).
+    namespace: String,
+    name: String,
+}
+
+impl ContinueToken {
+    fn encode(&self) -> String {
+        let json = json!({"v": "fake/v1", "rv": self.rv, "ns": self.namespace, "name": self.name});
+        serde_json::to_vec(&json)
+            .unwrap_or_default()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+
+    fn decode(token: &str) -> Result<ContinueToken, String> {
+        let bytes = token
+            .as_bytes()
+            .chunks(2)
+            .map(|pair| match pair {
+                [hi, lo] if hi.is_ascii_hexdigit() && lo.is_ascii_hexdigit() => {
+                    let digits = [*hi, *lo];
+                    let digits = std::str::from_utf8(&digits).map_err(|e| e.to_string())?;
+                    u8::from_str_radix(digits, 16).map_err(|e| e.to_string())
+                }
+                _ => Err("not hex".to_owned()),
+            })
+            .collect::<Result<Vec<u8>, String>>()?;
+        let json: Value = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
+        let field = |key: &str| {
+            json[key]
+                .as_str()
+                .map(str::to_owned)
+                .ok_or_else(|| format!("no {key:?}"))
+        };
+        if json["v"] != "fake/v1" {
+            return Err("unknown version".to_owned());
+        }
+        Ok(ContinueToken {
+            rv: json["rv"].as_u64().ok_or("no \"rv\"")?,
+            namespace: field("ns")?,
+            name: field("name")?,
+        })
+    }
+}
+
+/// An HTTP status and its Status body.
+type ErrorResponse = (u16, Value);
+
+fn bad_request(message: &str) -> ErrorResponse {
+    (400, status(400, "BadRequest", message))
+}
+
+/// Serves one page of a list request (see the module doc for the protocol).
+fn list_page(
+    state: &State,
+    request: &Request,
+    selection: &Selection,
+) -> Result<Value, ErrorResponse> {
+    let resource = selection.resource;
+    let limit = match request.param("limit").filter(|l| !l.is_empty()) {
+        None => None,
+        // The real server treats a zero or negative limit as none.
+        Some(l) => match l.parse::<i64>() {
+            Ok(n) if n > 0 => Some(usize::try_from(n).unwrap_or(usize::MAX)),
+            Ok(_) => None,
+            Err(_) => return Err(bad_request(&format!("invalid limit {l:?}"))),
+        },
+    };
+    let token = match request.param("continue").filter(|t| !t.is_empty()) {
+        None => None,
+        Some(t) => {
+            if request
+                .param("resourceVersion")
+                .is_some_and(|rv| !rv.is_empty())
+            {
+                return Err(bad_request(
+                    "specifying resource version is not allowed when using continue",
+                ));
+            }
+            let token = ContinueToken::decode(t)
+                .map_err(|e| bad_request(&format!("invalid continue token: {e}")))?;
+            if token.rv > state.rv {
+                return Err(bad_request(&format!(
+                    "invalid continue token: resourceVersion {} is in the future",
+                    token.rv
+                )));
+            }
+            // The same bound as a watch's: a list resumed from before it cannot be
+            // made consistent by replaying the history.
+            if token.rv < state.oldest_watchable {
+                return Err((410, status(410, "Expired", CONTINUE_EXPIRED)));
+            }
+            Some(token)
+        }
+    };
+    let (list_rv, start) = match token {
+        Some(t) => (t.rv, Bound::Excluded((resource, t.namespace, t.name))),
+        // The empty namespace and name sort first.
+        None => (
+            state.rv,
+            Bound::Included((resource, String::new(), String::new())),
+        ),
+    };
+    let mut matching = state
+        .objects
+        .range((start, Bound::Unbounded))
+        .take_while(|((r, _, _), _)| *r == resource)
+        .filter(|((r, _, _), o)| selection.matches(*r, o));
+    let page: Vec<(&ObjectKey, &Value)> = matching
+        .by_ref()
+        .take(limit.unwrap_or(usize::MAX))
+        .collect();
+    let remaining = matching.count();
+    let mut metadata = json!({"resourceVersion": list_rv.to_string()});
+    if let (Some(((_, namespace, name), _)), true) = (page.last(), remaining > 0) {
+        let token = ContinueToken {
+            rv: list_rv,
+            namespace: namespace.clone(),
+            name: name.clone(),
+        };
+        metadata["continue"] = json!(token.encode());
+        // The real server counts what is left only when no selector filters it.
+        let unfiltered = [&selection.labels, &selection.fields]
+            .iter()
+            .all(|s| s.as_deref().is_none_or(|s| s.trim().is_empty()));
+        if unfiltered {
+            metadata["remainingItemCount"] = json!(remaining);
+        }
+    }
+    let items: Vec<Value> = page.into_iter().map(|(_, o)| o.clone()).collect();
+    Ok(json!({
+        "apiVersion": resource.api_version(),
+        "kind": format!("{}List", resource.kind()),
+        "metadata": metadata,
+        "items": items,
+    }))
 }
 
 /// Keeps `open_watches` right however a watch ends.
