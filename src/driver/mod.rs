@@ -256,10 +256,18 @@ impl<M: Mode, H: Host> Driver<M, H> {
                 ..ClusterState::default()
             };
         }
-        // Unsorted: absorbs come per handful of objects, and the sync's merge
-        // sorts once.
+        // Absorbs come per handful of objects: the names are deduplicated each
+        // time their number reaches a power of two (O(n log n) in all), and the
+        // sync's merge sorts them once more.
         match &mut self.pending {
-            Some(earlier) => append_update(earlier, update),
+            Some(earlier) => {
+                append_update(earlier, update);
+                let n = earlier.changed.len();
+                if n >= 1024 && n.is_power_of_two() {
+                    earlier.changed.sort_unstable();
+                    earlier.changed.dedup();
+                }
+            }
             None => self.pending = Some(update),
         }
     }
