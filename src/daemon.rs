@@ -401,9 +401,20 @@ pub async fn run<M: Mode, H: Host>(
     let mut terminate = std::pin::pin!(shutdown_signal());
     // No sync before the source has its initial state: an empty start-up state
     // must never be programmed over a working one.
+    // Objects a source hands over meanwhile (a streamed first list) go to the
+    // model at once, so they are never all held as API objects.
     while *changes.borrow_and_update() == 0 {
         tokio::select! {
-            r = changes.changed() => if r.is_err() { return Err(DaemonError::SourceEnded) },
+            r = changes.changed() => {
+                if r.is_err() {
+                    return Err(DaemonError::SourceEnded);
+                }
+                if *changes.borrow() == 0
+                    && let Some(early) = source.take_changes()
+                {
+                    daemon.driver.absorb(early);
+                }
+            }
             _ = &mut terminate => return Ok(()),
         }
     }

@@ -143,7 +143,8 @@ pub struct Driver<M, H> {
     mode: M,
     host: H,
     tracker: ModelTracker,
-    /// What earlier failed syncs changed, handed on to the next one.
+    /// What earlier failed syncs changed, and what [`absorb`](Self::absorb)
+    /// took, handed on to the next sync.
     pending: Option<ModelUpdate>,
     /// Whether a sync succeeded since start (the first one judges conntrack by
     /// the state alone).
@@ -236,6 +237,39 @@ impl<M: Mode, H: Host> Driver<M, H> {
         let mut update = update;
         update.node_changed = node_changed;
         Ok(update)
+    }
+
+    /// Applies `changes` to the model only: nothing is rendered or sent; the
+    /// next sync does both for them too. For objects that arrive before the
+    /// first sync may run (a first list handed over as it is read), so they do
+    /// not wait in the source as API objects.
+    pub fn absorb(&mut self, changes: ObjectChanges) {
+        let mut update = self.tracker.apply(changes);
+        for w in &update.new_warnings {
+            tracing::warn!("skipped: {w}");
+        }
+        if !self.synced {
+            // The first sync judges stale flows by the state alone: the state
+            // before is not needed, and would be a second copy of the model.
+            update.before = ClusterState {
+                node: update.before.node,
+                ..ClusterState::default()
+            };
+        }
+        // Absorbs come per handful of objects: the names are deduplicated each
+        // time their number reaches a power of two (O(n log n) in all), and the
+        // sync's merge sorts them once more.
+        match &mut self.pending {
+            Some(earlier) => {
+                append_update(earlier, update);
+                let n = earlier.changed.len();
+                if n >= 1024 && n.is_power_of_two() {
+                    earlier.changed.sort_unstable();
+                    earlier.changed.dedup();
+                }
+            }
+            None => self.pending = Some(update),
+        }
     }
 
     /// One sync: the model takes `changes`, the mode re-renders what changed
@@ -464,9 +498,15 @@ fn restricted(state: &ClusterState, changed: &[ServicePortName]) -> ClusterState
 
 /// Merges what a later update changed into an earlier one that was not synced.
 fn merge_updates(mut earlier: ModelUpdate, later: ModelUpdate) -> ModelUpdate {
-    earlier.changed.extend(later.changed);
+    append_update(&mut earlier, later);
     earlier.changed.sort();
     earlier.changed.dedup();
+    earlier
+}
+
+/// `later` added to `earlier`, leaving `changed` unsorted (with repeats).
+fn append_update(earlier: &mut ModelUpdate, later: ModelUpdate) {
+    earlier.changed.extend(later.changed);
     earlier.node_changed |= later.node_changed;
     for (k, v) in later.before.services {
         earlier.before.services.entry(k).or_insert(v);
@@ -474,7 +514,6 @@ fn merge_updates(mut earlier: ModelUpdate, later: ModelUpdate) -> ModelUpdate {
     for (k, v) in later.before.endpoints {
         earlier.before.endpoints.entry(k).or_insert(v);
     }
-    earlier
 }
 
 #[cfg(test)]

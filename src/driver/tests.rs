@@ -350,3 +350,35 @@ fn ipvs_timeouts_are_set_once_before_the_first_sync() {
     plain.sync_once(cluster(3, "TCP")).unwrap();
     assert_eq!(plain.mode().ipvs_dataplane().timeouts, None);
 }
+
+#[test]
+fn a_first_list_absorbed_in_pieces_syncs_as_one() {
+    let whole = {
+        let mut driver = nft_driver();
+        driver.sync_once(cluster(20, "TCP")).unwrap();
+        driver.state().clone()
+    };
+    let mut driver = nft_driver();
+    let mut all = cluster(20, "TCP");
+    // Slices first, then the services, then the node, as a streamed list may.
+    let slices = std::mem::take(&mut all.endpoint_slices);
+    let services = std::mem::take(&mut all.services);
+    for chunk in slices.chunks(7) {
+        driver.absorb(ObjectChanges {
+            endpoint_slices: chunk.to_vec(),
+            ..ObjectChanges::default()
+        });
+    }
+    driver.absorb(ObjectChanges {
+        services,
+        ..ObjectChanges::default()
+    });
+    assert_eq!(driver.mode().dataplane().commits, 0, "absorb sends nothing");
+    let synced = driver.sync_once(all).unwrap();
+    assert!(synced.report.full);
+    assert_eq!(synced.changed.len(), 20);
+    assert_eq!(driver.state(), &whole);
+    assert_eq!(driver.mode().dataplane().commits, 1);
+    // What the kernel holds is what that state renders.
+    assert_eq!(driver.verify().unwrap(), Vec::<String>::new());
+}

@@ -172,7 +172,10 @@ pub enum Retention {
     /// For Services and EndpointSlices, only a fingerprint of each current object,
     /// and the changed objects until [`KubeSource::take_changes`] hands them over:
     /// the consumer (the model tracker) keeps what it needs, so the source holds no
-    /// second copy of the cluster (`run`). Nodes and ServiceCIDRs are kept whole.
+    /// second copy of the cluster (`run`). The first list is handed over as it
+    /// arrives (the generation stays 0 meanwhile, but subscribers are woken), so
+    /// the whole cluster is never held as API objects at once. Nodes and
+    /// ServiceCIDRs are kept whole.
     Changes,
 }
 
@@ -297,7 +300,8 @@ impl<K: Resource + serde::Serialize> KindState<K> {
         !self.watched || !matches!(self.phase, Phase::Listing { .. })
     }
 
-    /// Applies one watcher event; returns whether the current objects changed.
+    /// Applies one watcher event; returns whether the current objects changed
+    /// (or, during a streamed first list, whether objects wait to be taken).
     /// Unchanged objects (equal after [`strip_volatile`]) are no-ops.
     fn apply(&mut self, event: Event<K>) -> bool {
         let phase = std::mem::replace(&mut self.phase, Phase::Watching);
@@ -323,6 +327,23 @@ impl<K: Resource + serde::Serialize> KindState<K> {
                     buffer: BTreeMap::new(),
                 },
             ),
+            // Without `keep_objects`, the first list is handed over as it
+            // arrives: the consumer may take it before the kind is ready (it must
+            // not sync on it), so the objects never collect here. The buffer keeps
+            // the listed keys, so that objects of a restarted list that the new one
+            // misses are deletions at `InitDone`.
+            (Phase::Listing { mut buffer }, Event::InitApply(obj)) if !self.keep_objects => {
+                let key = key_of(&obj);
+                let fingerprint = self.fingerprinter.of(&obj);
+                let changed = self.fingerprints.get(&key) != Some(&fingerprint);
+                if changed {
+                    self.dirty.insert(key.clone());
+                    self.fingerprints.insert(key.clone(), fingerprint);
+                    self.objects.insert(key.clone(), obj);
+                }
+                buffer.insert(key, (fingerprint, None));
+                (changed, Phase::Listing { buffer })
+            }
             (Phase::Listing { mut buffer }, Event::InitApply(obj)) => {
                 let (key, listed) = self.listed(obj);
                 buffer.insert(key, listed);
@@ -447,6 +468,10 @@ impl Shared {
         let changed = slot(&mut stores).apply(event);
         if stores.ready() && (changed || !was_ready) {
             self.generation.send_modify(|g| *g += 1);
+        } else if changed {
+            // Objects of a streamed first list wait in `take_changes`: wake the
+            // consumer, without a generation (nothing may be synced yet).
+            self.generation.send_modify(|_| {});
         }
     }
 }
@@ -547,6 +572,10 @@ impl KubeSource {
 
     /// The objects changed since the last call (every object on the first call
     /// after the initial lists), each kind in key order. O(changed objects).
+    /// With [`Retention::Changes`], Services and EndpointSlices of the first lists
+    /// can be taken before [`subscribe`](Self::subscribe)'s generation is 1 (it
+    /// wakes its receivers when some arrived): they are for the model only, and
+    /// nothing may be synced before the generation is 1.
     pub fn take_changes(&self) -> ObjectChanges {
         let mut stores = self.shared.lock();
         let nodes = (!stores.nodes.dirty.is_empty()).then(|| {
@@ -845,9 +874,10 @@ mod tests {
     fn changes_retention_keeps_fingerprints_and_hands_objects_over() {
         let mut k = KindState::<Service>::with_retention(true, false);
         k.apply(Event::Init);
-        k.apply(Event::InitApply(svc("a", "1", "10.0.0.1")));
-        k.apply(Event::InitApply(svc("b", "2", "10.0.0.2")));
-        assert!(k.apply(Event::InitDone));
+        assert!(k.apply(Event::InitApply(svc("a", "1", "10.0.0.1"))));
+        assert!(k.apply(Event::InitApply(svc("b", "2", "10.0.0.2"))));
+        // Handed over as listed: InitDone itself changes nothing more.
+        assert!(!k.apply(Event::InitDone));
         let first = k.take_dirty();
         assert_eq!(first.len(), 2);
         assert!(first.iter().all(|(_, o)| o.is_some()));
@@ -887,6 +917,64 @@ mod tests {
         assert!(k.apply(Event::Delete(svc("a", "10", "10.0.0.1"))));
         assert_eq!(k.take_dirty()[0].1, None);
         assert_eq!(k.fingerprints.len(), 1);
+    }
+
+    #[test]
+    fn changes_retention_streams_the_first_list() {
+        let mut k = KindState::<Service>::with_retention(true, false);
+        k.apply(Event::Init);
+        assert!(k.apply(Event::InitApply(svc("a", "1", "10.0.0.1"))));
+        assert!(!k.ready());
+        let early = k.take_dirty();
+        assert_eq!(early.len(), 1);
+        assert!(early[0].1.is_some());
+        assert!(
+            k.objects.is_empty(),
+            "a taken listed object leaves the store"
+        );
+        // The list restarts and does not have a: a is deleted at InitDone, b new.
+        k.apply(Event::Init);
+        assert!(k.apply(Event::InitApply(svc("b", "2", "10.0.0.2"))));
+        assert!(k.apply(Event::InitDone));
+        assert!(k.ready());
+        let rest: Vec<(String, bool)> = k
+            .take_dirty()
+            .into_iter()
+            .map(|(k, o)| (k.1, o.is_some()))
+            .collect();
+        assert_eq!(rest, [("a".to_string(), false), ("b".to_string(), true)]);
+        // A listed object equal to one already handed over is not handed again.
+        let mut k = KindState::<Service>::with_retention(true, false);
+        k.apply(Event::Init);
+        k.apply(Event::InitApply(svc("a", "1", "10.0.0.1")));
+        k.take_dirty();
+        k.apply(Event::Init);
+        assert!(!k.apply(Event::InitApply(svc("a", "2", "10.0.0.1"))));
+        assert!(!k.apply(Event::InitDone));
+        assert!(k.take_dirty().is_empty());
+    }
+
+    #[test]
+    fn streamed_first_list_wakes_without_a_generation() {
+        let (generation, mut rx) = watch::channel(0);
+        let shared = Shared {
+            stores: Mutex::new(Stores {
+                services: KindState::with_retention(true, false),
+                endpoint_slices: KindState::with_retention(true, false),
+                nodes: KindState::new(true),
+                service_cidrs: KindState::new(false),
+            }),
+            generation,
+        };
+        rx.borrow_and_update();
+        shared.apply(Event::Init, |s| &mut s.services);
+        assert!(!rx.has_changed().unwrap());
+        shared.apply(Event::InitApply(svc("a", "1", "10.0.0.1")), |s| {
+            &mut s.services
+        });
+        assert!(rx.has_changed().unwrap());
+        assert_eq!(*rx.borrow_and_update(), 0);
+        assert_eq!(shared.lock().services.take_dirty().len(), 1);
     }
 
     #[test]
