@@ -446,7 +446,7 @@ impl TableSpec {
             key,
             verdict,
             data: Vec::new(),
-            comment: comment.map(str::to_string),
+            comment: comment.map(Into::into),
         });
     }
 
@@ -1116,7 +1116,8 @@ impl FamilyRenderer {
         let cat = categorize_endpoints(endpoints, svc, node);
         let cluster = dedup_endpoints(&cat.cluster);
         let local = dedup_endpoints(&cat.local);
-        let comment = port_comment(&svc.name);
+        // One comment for every element of the port, shared.
+        let comment: Arc<str> = port_comment(&svc.name).into();
         let proto = svc.name.protocol.number();
         let timeout = svc.affinity_timeout_seconds.unwrap_or(0);
         let has_endpoints = cat.has_any_endpoints;
@@ -1311,7 +1312,7 @@ impl FamilyRenderer {
                     SetId::Hairpin,
                     Arc::new(
                         Element::new(vec![KeyValue::Addr(ep.ip), KeyValue::Addr(ep.ip)])
-                            .with_comment(port_comment(&svc.name)),
+                            .with_comment(comment.clone()),
                     ),
                 ));
             }

@@ -216,8 +216,10 @@ impl Fingerprinter {
 }
 
 /// An object of a (re)list: its fingerprint, and the object unless the store
-/// already holds an equal one it does not need again.
-type Listed<K> = (Fingerprint, Option<K>);
+/// already holds an equal one it does not need again. Boxed: a buffer entry
+/// without its object costs a pointer, not an empty object's size (over 1 KB
+/// for a Service, in every slot of the buffer's B-tree nodes).
+type Listed<K> = (Fingerprint, Option<Box<K>>);
 
 /// Where one kind's watcher is in its list/watch cycle.
 #[derive(Debug)]
@@ -389,7 +391,7 @@ impl<K: Resource + serde::Serialize> KindState<K> {
         let key = key_of(&obj);
         let fingerprint = self.fingerprinter.of(&obj);
         let needed = self.keep_objects || self.fingerprints.get(&key) != Some(&fingerprint);
-        (key, (fingerprint, needed.then_some(obj)))
+        (key, (fingerprint, needed.then(|| Box::new(obj))))
     }
 
     /// Makes a completed (re)list current: what it changed (added, changed and
@@ -413,7 +415,7 @@ impl<K: Resource + serde::Serialize> KindState<K> {
             match obj {
                 Some(obj) if !same => {
                     self.fingerprints.insert(key.clone(), fingerprint);
-                    self.objects.insert(key.clone(), obj);
+                    self.objects.insert(key.clone(), *obj);
                     self.dirty.insert(key);
                     changed = true;
                 }

@@ -262,7 +262,7 @@ pub fn explain(view: &TableView, q: &Query) -> Explanation {
         view.find(SetId::NodeportIps, &[KeyValue::Addr(q.daddr)])
             .is_some()
     };
-    let name_of = |e: &Element| e.comment.clone();
+    let name_of = |e: &Element| e.comment.as_deref().map(str::to_string);
 
     // filter-prerouting / filter-output: loadBalancerSourceRanges.
     if let Some(fw) = view.find(SetId::FirewallIps, &k3) {

@@ -150,7 +150,7 @@ impl Dataplane for NetlinkDataplane {
 /// At most this many elements go in one transaction of a cold start: the
 /// kernel's commit time grows with the elements it validates, and one huge
 /// transaction stalls it (upstream sees soft lockups, kubernetes#139328).
-pub const COLD_START_BATCH_ELEMENTS: usize = 40_000;
+pub const COLD_START_BATCH_ELEMENTS: usize = 10_000;
 
 /// The Service an element's comment names (`ns/name` of `ns/name` or
 /// `ns/name:port`); node-wide elements' comments (no `/`) name none.

@@ -949,7 +949,7 @@ pub(crate) fn parse_elements(
                     key,
                     verdict,
                     data,
-                    comment,
+                    comment: comment.map(Into::into),
                 }),
                 _ => skipped += 1,
             }

@@ -7,6 +7,7 @@
 //! for the same rule.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::Arc;
 
 /// Table family (`nfgenmsg.nfgen_family`): `NFPROTO_IPV4` or `NFPROTO_IPV6`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -316,7 +317,8 @@ pub struct Element {
     /// Map data, for data maps: one value per [`Set::data`] field.
     pub data: Vec<KeyValue>,
     /// Human comment, kept in the element's userdata like `nft … comment "…"`.
-    pub comment: Option<String>,
+    /// Shared: every element of a service port carries the same one.
+    pub comment: Option<Arc<str>>,
 }
 
 impl Element {
@@ -343,7 +345,7 @@ impl Element {
     }
 
     /// With a comment (`comment "…"`).
-    pub fn with_comment(mut self, comment: impl Into<String>) -> Self {
+    pub fn with_comment(mut self, comment: impl Into<Arc<str>>) -> Self {
         self.comment = Some(comment.into());
         self
     }
