@@ -5,7 +5,14 @@
 //! seen by polling the nf_tables generation id from the node namespace,
 //! 100 µs apart). No assertion on any time.
 //!
-//!   cargo bench --bench kube_run -- [N]... [--changes K]
+//! Then, with real TCP from a pod namespace (`--connects C` rounds, default
+//! 20): a Service added with its EndpointSlice, and an endpoint of it moved to
+//! another pod, each timed from the API write to the first connection answered
+//! by the new backend. The client tries every millisecond (each attempt with
+//! a 20 ms connect timeout), so the figure is the proxy's, not a retry
+//! interval's; the nf_tables commits in between are counted.
+//!
+//!   cargo bench --bench kube_run -- [N]... [--changes K] [--connects C]
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -13,7 +20,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::apiserver::FakeApiServer;
-use common::{Proxy, Topo, status_kb, unique};
+use common::{Proxy, Topo, Where, status_kb, unique};
 use serde_json::{Value, json};
 
 const BIN: &str = env!("CARGO_BIN_EXE_kube-nlproxy");
@@ -63,8 +70,12 @@ fn ms(d: Duration) -> String {
     format!("{:.2} ms", d.as_secs_f64() * 1e3)
 }
 
-fn run(n: usize, changes: usize) {
-    let t = Topo::new();
+/// One scale: prints the row of the main table; returns the connect rounds' row.
+fn run(n: usize, changes: usize, rounds: usize) -> Option<String> {
+    let mut t = Topo::new();
+    t.add_pod("client", Where::Local);
+    t.add_pod("a", Where::Local);
+    t.add_pod("b", Where::Local);
     let api = FakeApiServer::start_in_netns(&t.node);
     for i in 0..n {
         api.create(service(i));
@@ -144,13 +155,183 @@ fn run(n: usize, changes: usize) {
         ms(percentile(&latencies, 0.9)),
         ms(*latencies.last().unwrap()),
     );
+    let connected = (rounds > 0).then(|| connects(n, &t, &api, rounds));
     proxy.stop();
     let _ = std::fs::remove_file(&kubeconfig);
+    connected
+}
+
+/// The pod-side service of the connect rounds: `name` at `vip`, port 80 →
+/// 8080 of `pod`.
+fn probed_service(name: &str, vip: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": name, "namespace": "probe"},
+        "spec": {"type": "ClusterIP", "clusterIP": vip, "clusterIPs": [vip],
+                 "ports": [{"name": "p", "port": 80, "protocol": "TCP", "targetPort": 8080}]}
+    })
+}
+
+fn probed_slice(name: &str, pod: &common::Pod) -> Value {
+    json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": format!("{name}-x"), "namespace": "probe",
+                     "labels": {"kubernetes.io/service-name": name}},
+        "addressType": "IPv4",
+        "ports": [{"name": "p", "port": 8080, "protocol": "TCP"}],
+        "endpoints": [{"addresses": [pod.v4.to_string()], "conditions": {"ready": true},
+                       "nodeName": pod.node_name()}]
+    })
+}
+
+/// How a round's client got to the new backend.
+struct Answer {
+    /// From the write to the new backend's answer.
+    after: Duration,
+    /// Connection attempts, the answered one included.
+    attempts: usize,
+    /// What the first attempt got: the old backend's name, or the error.
+    first: String,
+}
+
+/// Connects from `client` to `vip`:80 every millisecond until `pod` answers.
+fn first_answer_from(client: &str, vip: &str, pod: &str, since: Instant) -> Answer {
+    let dst = common::sa(common::ip(vip), 80);
+    let mut first = None;
+    for attempts in 1.. {
+        let got = common::tcp(client, dst, Duration::from_millis(20));
+        let answered = got.as_ref().is_ok_and(|r| r.pod == pod);
+        first.get_or_insert_with(|| match &got {
+            Ok(r) => r.pod.clone(),
+            Err(e) => e.to_string(),
+        });
+        if answered {
+            return Answer {
+                after: since.elapsed(),
+                attempts,
+                first: first.unwrap_or_default(),
+            };
+        }
+        assert!(
+            since.elapsed() < Duration::from_secs(10),
+            "{vip} never reached {pod}"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    unreachable!("the loop returns or panics")
+}
+
+/// Records when the nf_tables generation of `ns` moves, every 100 µs, until
+/// the flag is set.
+fn commit_recorder(
+    ns: String,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<Vec<Instant>> {
+    std::thread::spawn(move || {
+        common::in_ns(&ns, move || {
+            let mut s = kube_nlproxy_netlink::nft::NftSocket::new().unwrap();
+            let mut last = s.generation().unwrap_or(0);
+            let mut seen = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let g = s.generation().unwrap_or(last);
+                if g != last {
+                    seen.push(Instant::now());
+                    last = g;
+                }
+                std::thread::sleep(Duration::from_micros(100));
+            }
+            seen
+        })
+    })
+}
+
+/// The connect rounds at `n` services: one row of their table.
+fn connects(n: usize, t: &Topo, api: &FakeApiServer, rounds: usize) -> String {
+    let client = t.pod("client").ns.clone();
+    let (a, b) = (t.pod("a").clone(), t.pod("b").clone());
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let recorder = commit_recorder(t.node.clone(), stop.clone());
+    let (mut added, mut moved): (Vec<Answer>, Vec<Answer>) = (Vec::new(), Vec::new());
+    let mut writes = Vec::new();
+    let mut steady_cost = Vec::new();
+    for k in 0..rounds {
+        let name = format!("probe{k}");
+        let vip = format!("10.97.{}.{}", k / 250, 1 + k % 250);
+        let wrote = Instant::now();
+        api.create(probed_service(&name, &vip));
+        api.create(probed_slice(&name, &a));
+        let to_a = first_answer_from(&client, &vip, "a", wrote);
+        let wrote_a = (wrote, wrote + to_a.after);
+        std::thread::sleep(Duration::from_millis(20));
+        let moving = Instant::now();
+        api.update(probed_slice(&name, &b));
+        let to_b = first_answer_from(&client, &vip, "b", moving);
+        writes.push((wrote_a, (moving, moving + to_b.after)));
+        // A steady connection's cost: the resolution of these figures.
+        let steady = Instant::now();
+        steady_cost.push(first_answer_from(&client, &vip, "b", steady).after);
+        added.push(to_a);
+        moved.push(to_b);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let commits = recorder.join().expect("recorder");
+    // For each round: the commits between the write and the answer, and when
+    // the first one came.
+    let within = |(from, to): (Instant, Instant)| -> (usize, Option<Duration>) {
+        let mut c = commits.iter().filter(|c| **c >= from && **c <= to);
+        let first = c.next().map(|c| *c - from);
+        (first.map_or(0, |_| 1) + c.count(), first)
+    };
+    let (mut add_commits, mut add_first, mut move_commits, mut move_first) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for (add, mv) in writes {
+        let (n_add, f_add) = within(add);
+        let (n_move, f_move) = within(mv);
+        add_commits.push(n_add);
+        move_commits.push(n_move);
+        add_first.extend(f_add);
+        move_first.extend(f_move);
+    }
+    for v in [&mut add_first, &mut move_first, &mut steady_cost] {
+        v.sort();
+    }
+    let mean = |v: &[usize]| v.iter().sum::<usize>() as f64 / v.len().max(1) as f64;
+    // Per kind: answer p50 / p90, first commit p50, commits, attempts, and what
+    // first attempts got.
+    let describe = |answers: &[Answer], first_commits: &[Duration], commits: &[usize]| {
+        let mut after: Vec<Duration> = answers.iter().map(|a| a.after).collect();
+        after.sort();
+        let attempts: Vec<usize> = answers.iter().map(|a| a.attempts).collect();
+        let mut firsts = std::collections::BTreeMap::<&str, usize>::new();
+        for a in answers {
+            *firsts.entry(a.first.as_str()).or_default() += 1;
+        }
+        let firsts: Vec<String> = firsts.iter().map(|(k, n)| format!("{k} ×{n}")).collect();
+        format!(
+            "{} | {} | {} | {:.1} | {:.1} | {}",
+            ms(percentile(&after, 0.5)),
+            ms(percentile(&after, 0.9)),
+            first_commits
+                .first()
+                .map_or("-".into(), |_| ms(percentile(first_commits, 0.5))),
+            mean(commits),
+            mean(&attempts),
+            firsts.join(", "),
+        )
+    };
+    format!(
+        "| {n} × 2 | {} | {} | {} |",
+        describe(&added, &add_first, &add_commits),
+        describe(&moved, &move_first, &move_commits),
+        ms(percentile(&steady_cost, 0.5)),
+    )
 }
 
 fn main() {
     let mut scales = Vec::new();
     let mut changes = 50;
+    let mut rounds = 20;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -160,6 +341,12 @@ fn main() {
                     .next()
                     .and_then(|v| v.parse().ok())
                     .expect("--changes K")
+            }
+            "--connects" => {
+                rounds = args
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .expect("--connects C")
             }
             v => scales.push(v.parse::<usize>().expect("N")),
         }
@@ -171,7 +358,17 @@ fn main() {
         "| services | initial programming (start → first commit) | peak RSS after it | peak RSS after {changes} changes | RSS then | CPU per change | API write → commit p50 | p90 | max |"
     );
     println!("|---|---|---|---|---|---|---|---|---|");
-    for n in scales {
-        run(n, changes);
+    let connected: Vec<String> = scales
+        .iter()
+        .filter_map(|n| run(*n, changes, rounds))
+        .collect();
+    if !connected.is_empty() {
+        println!(
+            "\n| services | Service + slice added → connection p50 | p90 | → first commit p50 | commits | attempts | first attempt got | endpoint moved → connection p50 | p90 | → first commit p50 | commits | attempts | first attempt got | one answered connection p50 |"
+        );
+        println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+        for row in connected {
+            println!("{row}");
+        }
     }
 }

@@ -660,8 +660,11 @@ impl Topo {
                                     drop(s);
                                 }
                             }
+                            // Wait for the next connection, or 10 ms to look
+                            // at the stop flag: a connection is accepted at once,
+                            // not at the next tick.
                             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                                thread::sleep(Duration::from_millis(10))
+                                wait_readable(&l, Duration::from_millis(10))
                             }
                             Err(_) => thread::sleep(Duration::from_millis(10)),
                         }
@@ -1152,6 +1155,17 @@ pub fn sctp(ns: &str, dst: SocketAddr, timeout: Duration) -> Res {
 }
 
 /// Polls `f` until it returns true or `timeout` passes.
+/// Blocks until `fd` is readable (a listener: a connection waits) or `timeout`.
+pub fn wait_readable(fd: &impl std::os::fd::AsRawFd, timeout: Duration) {
+    let mut pfd = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd for the duration of the call.
+    unsafe { libc::poll(&mut pfd, 1, timeout.as_millis() as libc::c_int) };
+}
+
 pub fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
     let start = Instant::now();
     loop {
