@@ -44,6 +44,34 @@ pub struct ModelUpdate {
     pub before: ClusterState,
 }
 
+/// The names of one Service's EndpointSlices, sorted. Almost always one: a
+/// short vector, where a `BTreeSet` would allocate a node of eleven per Service.
+#[derive(Debug, Clone, Default)]
+struct SliceNames(Vec<String>);
+
+impl SliceNames {
+    fn insert(&mut self, name: String) {
+        if let Err(i) = self.0.binary_search(&name) {
+            self.0.reserve_exact(1);
+            self.0.insert(i, name);
+        }
+    }
+
+    fn remove(&mut self, name: &str) {
+        if let Ok(i) = self.0.binary_search_by(|n| n.as_str().cmp(name)) {
+            self.0.remove(i);
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &String> {
+        self.0.iter()
+    }
+}
+
 /// The cluster state of the objects seen so far, updated by changes.
 #[derive(Debug, Clone, Default)]
 pub struct ModelTracker {
@@ -54,7 +82,7 @@ pub struct ModelTracker {
     /// EndpointSlice → parsed.
     slices: HashMap<ObjectKey, ParsedSlice>,
     /// `(namespace, service name)` → names of its EndpointSlices.
-    slices_of: HashMap<ObjectKey, BTreeSet<String>>,
+    slices_of: HashMap<ObjectKey, SliceNames>,
     /// Warnings per object (`Kind namespace/name`).
     warnings: HashMap<String, Vec<Warning>>,
     nodes: Vec<Node>,
@@ -249,7 +277,7 @@ impl ModelTracker {
         };
         let mut seen: HashMap<ServicePortName, HashMap<(std::net::IpAddr, u16), usize>> =
             HashMap::new();
-        for slice_name in names {
+        for slice_name in names.iter() {
             let Some(slice) = self.slices.get(&(service.0.clone(), slice_name.clone())) else {
                 continue;
             };
