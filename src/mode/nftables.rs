@@ -1358,31 +1358,23 @@ fn skeleton_delta(old: &TableSpec, new: &TableSpec, delta: &mut TableDelta) {
         match old.sets.get(name) {
             None => delta.add_sets.push(spec.set.clone()),
             Some(o) => {
-                let gone: Vec<Arc<Element>> = o
-                    .elements
-                    .difference(&spec.elements)
-                    .cloned()
-                    .map(Arc::new)
-                    .collect();
-                if !gone.is_empty() {
-                    delta
-                        .delete_elements
-                        .entry(name.clone())
-                        .or_default()
-                        .extend(gone);
-                }
-                let new_elements: Vec<Arc<Element>> = spec
-                    .elements
-                    .difference(&o.elements)
-                    .cloned()
-                    .map(Arc::new)
-                    .collect();
-                if !new_elements.is_empty() {
-                    delta
-                        .add_elements
-                        .entry(name.clone())
-                        .or_default()
-                        .extend(new_elements);
+                // Elements in `a` and not in `b`, shared for the delta.
+                let only_in = |a: &BTreeSet<Element>, b: &BTreeSet<Element>| -> Vec<Arc<Element>> {
+                    a.difference(b).cloned().map(Arc::new).collect()
+                };
+                for (elements, changes) in [
+                    (
+                        only_in(&o.elements, &spec.elements),
+                        &mut delta.delete_elements,
+                    ),
+                    (
+                        only_in(&spec.elements, &o.elements),
+                        &mut delta.add_elements,
+                    ),
+                ] {
+                    if !elements.is_empty() {
+                        changes.entry(name.clone()).or_default().extend(elements);
+                    }
                 }
             }
         }

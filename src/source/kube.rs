@@ -335,14 +335,7 @@ impl<K: Resource + serde::Serialize> KindState<K> {
             // the listed keys, so that objects of a restarted list that the new one
             // misses are deletions at `InitDone`.
             (Phase::Listing { mut buffer }, Event::InitApply(obj)) if !self.keep_objects => {
-                let key = key_of(&obj);
-                let fingerprint = self.fingerprinter.of(&obj);
-                let changed = self.fingerprints.get(&key) != Some(&fingerprint);
-                if changed {
-                    self.dirty.insert(key.clone());
-                    self.fingerprints.insert(key.clone(), fingerprint);
-                    self.objects.insert(key.clone(), obj);
-                }
+                let (key, fingerprint, changed) = self.make_current(obj);
                 buffer.insert(key, (fingerprint, None));
                 (changed, Phase::Listing { buffer })
             }
@@ -363,14 +356,7 @@ impl<K: Resource + serde::Serialize> KindState<K> {
             // Watch events. The watcher sends none between Init and InitDone, but
             // should one come, it applies to the current objects and the phase stays.
             (phase, Event::Apply(obj) | Event::InitApply(obj)) => {
-                let key = key_of(&obj);
-                let fingerprint = self.fingerprinter.of(&obj);
-                let changed = self.fingerprints.get(&key) != Some(&fingerprint);
-                if changed {
-                    self.dirty.insert(key.clone());
-                    self.fingerprints.insert(key.clone(), fingerprint);
-                    self.objects.insert(key, obj);
-                }
+                let (_, _, changed) = self.make_current(obj);
                 (changed, phase)
             }
             (phase, Event::Delete(obj)) => {
@@ -383,6 +369,21 @@ impl<K: Resource + serde::Serialize> KindState<K> {
                 (changed, phase)
             }
         }
+    }
+
+    /// Makes `obj` current: its fingerprint, and the object until it is taken
+    /// (or for good with `keep_objects`), dirty when it changed. Returns its key,
+    /// its fingerprint and whether it changed.
+    fn make_current(&mut self, obj: K) -> (Key, Fingerprint, bool) {
+        let key = key_of(&obj);
+        let fingerprint = self.fingerprinter.of(&obj);
+        let changed = self.fingerprints.get(&key) != Some(&fingerprint);
+        if changed {
+            self.dirty.insert(key.clone());
+            self.fingerprints.insert(key.clone(), fingerprint);
+            self.objects.insert(key.clone(), obj);
+        }
+        (key, fingerprint, changed)
     }
 
     /// A listed object for the buffer: without `keep_objects`, one equal to the

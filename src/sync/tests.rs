@@ -453,31 +453,23 @@ fn two_endpoint_services(n: usize) -> ClusterState {
     state
 }
 
-#[test]
-fn a_cold_start_goes_in_bounded_transactions_of_whole_services() {
-    let state = two_endpoint_services(10_000);
-    let mut renderer = NftablesRenderer::default();
-    renderer.update(&state, &opts());
-    let ops: Vec<Op> = renderer
-        .tables()
-        .iter()
-        .flat_map(|t| diff(None, t))
-        .collect();
-    let limit = 7_000;
-    let batches = cold_start_batches(ops.clone(), limit);
-    assert!(batches.len() > 3, "{} batches", batches.len());
+/// Checks a cold start's transactions: objects and node-wide elements only in
+/// the first, each Service's elements all in one later one, at most `limit`
+/// elements each. Returns the number of Services and of elements.
+fn whole_services_in_bounded_transactions(
+    transactions: &[Vec<Op>],
+    limit: usize,
+) -> (usize, usize) {
     let mut seen = BTreeMap::new();
-    for (i, batch) in batches.iter().enumerate() {
+    let mut total = 0;
+    for (i, ops) in transactions.iter().enumerate() {
         let mut size = 0;
-        for op in batch {
+        for op in ops {
             match op {
                 Op::AddElements { elements, .. } => {
                     size += elements.len();
                     for e in elements {
-                        let Some(service) = e
-                            .comment
-                            .as_deref()
-                            .and_then(crate::sync::service_of_comment)
+                        let Some(service) = e.comment.as_deref().and_then(service_of_comment)
                         else {
                             assert_eq!(i, 0, "node-wide elements come with the skeleton");
                             continue;
@@ -491,8 +483,26 @@ fn a_cold_start_goes_in_bounded_transactions_of_whole_services() {
             }
         }
         assert!(size <= limit, "transaction {i}: {size} elements");
+        total += size;
     }
-    assert_eq!(seen.len(), 10_000);
+    (seen.len(), total)
+}
+
+#[test]
+fn a_cold_start_goes_in_bounded_transactions_of_whole_services() {
+    let state = two_endpoint_services(10_000);
+    let mut renderer = NftablesRenderer::default();
+    renderer.update(&state, &opts());
+    let ops: Vec<Op> = renderer
+        .tables()
+        .iter()
+        .flat_map(|t| diff(None, t))
+        .collect();
+    let limit = 7_000;
+    let batches = cold_start_batches(ops.clone(), limit);
+    assert!(batches.len() > 3, "{} batches", batches.len());
+    let (services, _) = whole_services_in_bounded_transactions(&batches, limit);
+    assert_eq!(services, 10_000);
     // The batches build what the one transaction builds.
     let (mut one, mut many) = (FakeKernel::default(), FakeKernel::default());
     one.apply(&ops).unwrap();
@@ -564,32 +574,9 @@ fn a_rendered_cold_start_sends_whole_services_in_bounded_transactions() {
         "{} transactions",
         transactions.len()
     );
-    let mut seen = BTreeMap::new();
-    let mut elements = 0;
-    for (i, ops) in transactions.iter().enumerate() {
-        let mut size = 0;
-        for op in ops {
-            match op {
-                Op::AddElements { elements, .. } => {
-                    size += elements.len();
-                    for e in elements {
-                        let Some(service) = e.comment.as_deref().and_then(service_of_comment)
-                        else {
-                            assert_eq!(i, 0, "node-wide elements come with the skeleton");
-                            continue;
-                        };
-                        let first = *seen.entry(service.to_string()).or_insert(i);
-                        assert_eq!(first, i, "{service} split over two transactions");
-                        assert!(i > 0, "service elements after the skeleton");
-                    }
-                }
-                _ => assert_eq!(i, 0, "only the first transaction makes objects: {op}"),
-            }
-        }
-        assert!(size <= COLD_START_BATCH_ELEMENTS, "transaction {i}: {size}");
-        elements += size;
-    }
-    assert_eq!(seen.len(), 10_000);
+    let (services, elements) =
+        whole_services_in_bounded_transactions(transactions, COLD_START_BATCH_ELEMENTS);
+    assert_eq!(services, 10_000);
     assert!(elements >= total);
     assert_eq!(outcome.ops["add-element"], elements);
     let mut one = FakeKernel::default();
