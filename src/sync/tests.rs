@@ -453,6 +453,18 @@ fn two_endpoint_services(n: usize) -> ClusterState {
     state
 }
 
+/// `kernel` holds what one transaction of `renderer`'s whole tables makes.
+fn assert_holds_one_transactions_tables(renderer: &NftablesRenderer, kernel: &mut FakeKernel) {
+    let mut one = FakeKernel::default();
+    let ops: Vec<Op> = renderer
+        .tables()
+        .iter()
+        .flat_map(|t| diff(None, t))
+        .collect();
+    one.apply(&ops).unwrap();
+    assert_eq!(kernel_tables(&mut one), kernel_tables(kernel));
+}
+
 /// Checks a cold start's transactions: objects and node-wide elements only in
 /// the first, each Service's elements all in one later one, at most `limit`
 /// elements each. Returns the number of Services and of elements.
@@ -579,17 +591,7 @@ fn a_rendered_cold_start_sends_whole_services_in_bounded_transactions() {
     assert_eq!(services, 10_000);
     assert!(elements >= total);
     assert_eq!(outcome.ops["add-element"], elements);
-    let mut one = FakeKernel::default();
-    let ops: Vec<Op> = renderer
-        .tables()
-        .iter()
-        .flat_map(|t| diff(None, t))
-        .collect();
-    one.apply(&ops).unwrap();
-    assert_eq!(
-        kernel_tables(&mut one),
-        kernel_tables(&mut syncer.dataplane.kernel)
-    );
+    assert_holds_one_transactions_tables(&renderer, &mut syncer.dataplane.kernel);
     assert_eq!(
         syncer.verify_rendered(&renderer).unwrap(),
         Vec::<String>::new()
@@ -605,17 +607,7 @@ fn a_rendered_cold_start_sends_whole_services_in_bounded_transactions() {
     });
     syncer.sync_rendered(&renderer, &deltas).unwrap();
     assert_eq!(syncer.dataplane.transactions.len(), 1);
-    let mut one = FakeKernel::default();
-    let ops: Vec<Op> = renderer
-        .tables()
-        .iter()
-        .flat_map(|t| diff(None, t))
-        .collect();
-    one.apply(&ops).unwrap();
-    assert_eq!(
-        kernel_tables(&mut one),
-        kernel_tables(&mut syncer.dataplane.kernel)
-    );
+    assert_holds_one_transactions_tables(&renderer, &mut syncer.dataplane.kernel);
 }
 
 #[test]
