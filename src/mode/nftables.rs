@@ -696,31 +696,27 @@ impl<'a> RenderedTable<'a> {
     /// several service ports claim comes with the one the kernel gets it from.
     pub fn service_groups(self) -> impl Iterator<Item = Vec<(String, Element)>> + 'a {
         let family = self.family;
-        let mut names: Vec<&'a ServicePortName> = family.services.keys().collect();
-        names.sort_unstable();
-        let mut names = names.into_iter().peekable();
+        let mut ports: Vec<(&'a ServicePortName, &'a RenderedService)> =
+            family.services.iter().collect();
+        ports.sort_unstable_by_key(|(name, _)| *name);
+        let mut ports = ports.into_iter().peekable();
         std::iter::from_fn(move || {
-            let first = names.next()?;
-            let mut ports = vec![first];
-            while let Some(next) =
-                names.next_if(|n| n.namespace == first.namespace && n.name == first.name)
+            let (first, rendered) = ports.next()?;
+            let mut service = vec![rendered];
+            while let Some((_, next)) =
+                ports.next_if(|(n, _)| n.namespace == first.namespace && n.name == first.name)
             {
-                ports.push(next);
+                service.push(next);
             }
             let mut group = Vec::new();
-            for port in ports {
-                let Some(rendered) = family.services.get(port) else {
-                    continue;
-                };
-                for (set, element) in &rendered.contribution.elements {
-                    let in_kernel = family
-                        .claims
-                        .get(*set, claim_key(*set, &element.key))
-                        .and_then(Claims::first)
-                        .is_some_and(|first| Arc::ptr_eq(first, element));
-                    if in_kernel {
-                        group.push((set.name(), Element::clone(element)));
-                    }
+            for (set, element) in service.iter().flat_map(|r| &r.contribution.elements) {
+                let in_kernel = family
+                    .claims
+                    .get(*set, claim_key(*set, &element.key))
+                    .and_then(Claims::first)
+                    .is_some_and(|first| Arc::ptr_eq(first, element));
+                if in_kernel {
+                    group.push((set.name(), Element::clone(element)));
                 }
             }
             Some(group)
@@ -1046,6 +1042,15 @@ impl FamilyRenderer {
         (delta, stats)
     }
 
+    /// Notes what the key of `element` in `set` holds before a render first
+    /// changes it.
+    fn record_before(&self, touched: &mut Touched, set: SetId, element: &Element) {
+        let key = claim_key(set, &element.key);
+        touched
+            .entry((set, key.to_vec()))
+            .or_insert_with(|| self.claims.get(set, key).and_then(|c| c.first().cloned()));
+    }
+
     /// Takes a service port's elements, classes and prefixes out.
     fn withdraw(
         &mut self,
@@ -1055,9 +1060,7 @@ impl FamilyRenderer {
     ) {
         for (set, element) in &contribution.elements {
             if let Some(touched) = touched.as_deref_mut() {
-                let key = claim_key(*set, &element.key);
-                let before = self.claims.get(*set, key).and_then(|c| c.first().cloned());
-                touched.entry((*set, key.to_vec())).or_insert(before);
+                self.record_before(touched, *set, element);
             }
             self.claims.withdraw(*set, &element.key, name);
         }
@@ -1080,9 +1083,7 @@ impl FamilyRenderer {
         let owner = Arc::new(name.clone());
         for (set, element) in &contribution.elements {
             if let Some(touched) = touched.as_deref_mut() {
-                let key = claim_key(*set, &element.key);
-                let before = self.claims.get(*set, key).and_then(|c| c.first().cloned());
-                touched.entry((*set, key.to_vec())).or_insert(before);
+                self.record_before(touched, *set, element);
             }
             let claims = self.claims.claim(*set, owner.clone(), element.clone());
             let decides = matches!(
