@@ -895,6 +895,110 @@ fn large_batch_applies_in_one_call() {
 }
 
 #[test]
+fn element_lookup_finds_each_element_and_names_the_first_unheld() {
+    in_netns(|| {
+        let fam = Family::Ipv4;
+        let mut sock = NftSocket::new().unwrap();
+        let set = Set {
+            name: "endpoints".into(),
+            key: vec![
+                KeyType::Ipv4Addr,
+                KeyType::InetProto,
+                KeyType::InetService,
+                KeyType::Mark,
+            ],
+            verdict_map: false,
+            data: vec![KeyType::Ipv4Addr, KeyType::InetService],
+            flags: SetFlags::default(),
+            timeout_ms: None,
+        };
+        // More than one lookup request's worth, with comments like ours.
+        let element = |i: u32| Element {
+            key: vec![
+                v4(&format!("10.96.{}.{}", i >> 8, i & 255)),
+                KeyValue::Proto(6),
+                KeyValue::Port(80),
+                KeyValue::Mark(i % 2),
+            ],
+            verdict: None,
+            data: vec![
+                v4(&format!("10.1.{}.{}", i >> 8, i & 255)),
+                KeyValue::Port(8080),
+            ],
+            comment: Some(format!("default/svc-{i}:http").into()),
+        };
+        let held: Vec<Element> = (0..1500).map(element).collect();
+        sock.apply(&[
+            Op::AddTable {
+                family: fam,
+                name: T.into(),
+            },
+            Op::AddSet {
+                family: fam,
+                table: T.into(),
+                set: set.clone(),
+            },
+            Op::AddElements {
+                family: fam,
+                table: T.into(),
+                set: set.name.clone(),
+                elements: held.clone(),
+            },
+        ])
+        .unwrap();
+        // The dump (the independent read) holds exactly these.
+        let dumped: BTreeSet<Element> = sock
+            .dump_set_elements(fam, T, &set)
+            .unwrap()
+            .unwrap()
+            .into_iter()
+            .collect();
+        assert_eq!(dumped, held.iter().cloned().collect());
+
+        let refs: Vec<&Element> = held.iter().collect();
+        assert_eq!(sock.find_unheld_element(fam, T, &set, &refs).unwrap(), None);
+        assert_eq!(sock.find_unheld_element(fam, T, &set, &[]).unwrap(), None);
+
+        // Missing, in the second request: its index.
+        let absent = element(5000);
+        let mut asked = refs.clone();
+        asked.insert(700, &absent);
+        assert_eq!(
+            sock.find_unheld_element(fam, T, &set, &asked).unwrap(),
+            Some(700)
+        );
+        // Held with other data, or another comment.
+        let mut other_data = held[10].clone();
+        other_data.data[1] = KeyValue::Port(9090);
+        let mut asked = refs.clone();
+        asked[10] = &other_data;
+        assert_eq!(
+            sock.find_unheld_element(fam, T, &set, &asked).unwrap(),
+            Some(10)
+        );
+        let mut other_comment = held[1499].clone();
+        other_comment.comment = Some("default/other:http".into());
+        let mut asked = refs.clone();
+        asked[1499] = &other_comment;
+        assert_eq!(
+            sock.find_unheld_element(fam, T, &set, &asked).unwrap(),
+            Some(1499)
+        );
+
+        // The socket is left clean: the next request reads its own replies.
+        assert_eq!(sock.find_unheld_element(fam, T, &set, &refs).unwrap(), None);
+        // A set that does not exist holds none of them.
+        let mut missing_set = set.clone();
+        missing_set.name = "nope".into();
+        assert_eq!(
+            sock.find_unheld_element(fam, T, &missing_set, &refs)
+                .unwrap(),
+            Some(0)
+        );
+    });
+}
+
+#[test]
 fn list_addresses_sees_loopback() {
     in_netns(|| {
         let st = Command::new("ip")

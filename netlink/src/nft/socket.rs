@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use netlink_sys::{Socket, protocols::NETLINK_NETFILTER};
 
 use netlink_packet_core::{
-    ErrorContext, NLM_F_DUMP, NLM_F_DUMP_INTR, NetlinkBuffer, NetlinkHeader, NetlinkMessage,
-    NetlinkPayload, Parseable,
+    ErrorContext, NLM_F_ACK, NLM_F_DUMP, NLM_F_DUMP_INTR, NetlinkBuffer, NetlinkHeader,
+    NetlinkMessage, NetlinkPayload, Parseable,
 };
 use netlink_packet_netfilter::nftables::NfTablesMessage;
 use netlink_packet_netfilter::none::ControlMessage;
@@ -41,6 +41,10 @@ const NEWGEN: u16 = (10 << 8) | 15;
 const NLMSG_MIN_TYPE: u16 = 0x10;
 const RECV_BUF: usize = 1 << 20;
 const DUMP_RETRIES: usize = 5;
+/// Elements one lookup request asks for: each reply is a datagram of about a
+/// page of receive buffer, and the kernel ends the request with `ENOBUFS`
+/// when they do not fit (512 take some 4 MiB of the 8 MiB minimum).
+const LOOKUP_CHUNK: usize = 512;
 
 /// Errors of the nf_tables socket, named by the phase that failed.
 #[derive(Debug, thiserror::Error)]
@@ -925,6 +929,96 @@ impl NftSocket {
             }
         }
         Ok(Some(elements))
+    }
+
+    /// Looks each of `elements` up in `set` by its key (`GETSETELEM` without
+    /// `NLM_F_DUMP`, as `nft get element` does) and returns the index of the
+    /// first the kernel does not hold exactly as given (missing, or with other
+    /// data or comment); `None` when it holds them all. One reply per element
+    /// whatever the set's size, where a dump of a big set costs the kernel
+    /// time quadratic in it (its walk restarts for every 32 KiB of reply).
+    /// Says nothing of elements the set holds besides these; a set that does
+    /// not exist holds none (`Some(0)`).
+    pub fn find_unheld_element(
+        &mut self,
+        family: Family,
+        table: &str,
+        set: &Set,
+        elements: &[&Element],
+    ) -> Result<Option<usize>, NftError> {
+        let what = || format!("lookup in set {}", set.name);
+        if let Some(InjectedFault::Dump(errno)) =
+            self.take_fault(|f| matches!(f, InjectedFault::Dump(_)))
+        {
+            return Err(NftError::Dump {
+                what: what(),
+                errno,
+            });
+        }
+        let mut got = Vec::new();
+        for (chunk_index, chunk) in elements.chunks(LOOKUP_CHUNK).enumerate() {
+            let base = chunk_index * LOOKUP_CHUNK;
+            let seq = self.next_seq();
+            let mut buf = Vec::new();
+            let msg = lookup_elements(table, &set.name, chunk);
+            serialize_into(
+                &mut buf,
+                &nft_request(family.nfproto(), 0, NLM_F_ACK, seq, msg),
+            );
+            self.send(&buf, 1)?;
+            // Replies come in the order asked; the ack (or the error of the
+            // first missing element) ends them.
+            let mut answered = 0;
+            let mut first_unheld = None;
+            'recv: loop {
+                self.recv()?;
+                for m in split_msgs(&self.rbuf)? {
+                    if m.header.sequence_number != seq {
+                        continue;
+                    }
+                    match m.decode("element lookup")? {
+                        NetlinkPayload::Error(e) => {
+                            let (errno, _) = error_info(m.header.flags, &e);
+                            match errno {
+                                0 => {}
+                                libc::ENOENT => {
+                                    first_unheld.get_or_insert(answered);
+                                }
+                                _ => {
+                                    return Err(NftError::Dump {
+                                        what: what(),
+                                        errno,
+                                    });
+                                }
+                            }
+                            break 'recv;
+                        }
+                        NetlinkPayload::InnerMessage(NetfilterMessage {
+                            inner:
+                                NetfilterMessageInner::NfTables(NfTablesMessage::NewSetElement(e)),
+                            ..
+                        }) => {
+                            got.clear();
+                            parse_elements(&e, &set.key, &set.data, &mut got);
+                            for found in got.drain(..) {
+                                if chunk.get(answered).is_none_or(|asked| **asked != found) {
+                                    first_unheld.get_or_insert(answered);
+                                }
+                                answered += 1;
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            if first_unheld.is_none() && answered < chunk.len() {
+                first_unheld = Some(answered);
+            }
+            if let Some(i) = first_unheld {
+                return Ok(Some(base + i.min(chunk.len() - 1)));
+            }
+        }
+        Ok(None)
     }
 
     /// Dump one table: chains, sets, their elements and rules. `None` when the

@@ -321,3 +321,65 @@ fn unexpected_kind_with_short_set_expr_is_skipped() {
     assert_eq!(msgs.len(), 1);
     assert!(matches!(msgs[0].decode("chains"), Ok(NetlinkPayload::Noop)));
 }
+
+/// Elements written straight into bytes are what the crate's typed attributes
+/// emit: data maps, verdict maps, comments, IPv6 keys, keys only.
+#[test]
+fn element_bytes_match_the_typed_attributes() {
+    use netlink_packet_core::Emitable;
+    use netlink_packet_netfilter::nftables::{self as nl, ListAttribute};
+    use std::net::IpAddr;
+
+    use super::types::{Element, KeyValue, Verdict};
+
+    let addr = |s: &str| KeyValue::Addr(s.parse::<IpAddr>().unwrap());
+    let elements = [
+        Element {
+            key: vec![
+                addr("10.96.0.1"),
+                KeyValue::Proto(6),
+                KeyValue::Port(80),
+                KeyValue::Mark(1),
+            ],
+            verdict: None,
+            data: vec![addr("10.1.0.1"), KeyValue::Port(8080)],
+            comment: Some("default/web:http".into()),
+        },
+        Element {
+            key: vec![addr("fd00::1"), KeyValue::Proto(17), KeyValue::Port(53)],
+            verdict: Some(Verdict::Jump("svc-a".into())),
+            data: Vec::new(),
+            comment: Some("kube-system/dns:dns-udp-with-a-long-port-name".into()),
+        },
+        Element::new(vec![addr("10.1.0.1"), addr("10.1.0.1")]),
+        Element::new(vec![KeyValue::Proto(132)]).with_verdict(Verdict::Drop),
+    ];
+    for e in &elements {
+        for with_data in [true, false] {
+            let value = |b: Vec<u8>| nl::DataAttribute::Value(b);
+            let mut typed = vec![nl::SetElementAttribute::Key(value(e.key_bytes()))];
+            if with_data {
+                if let Some(v) = &e.verdict {
+                    let verdict = verdict_attrs(v);
+                    typed.push(nl::SetElementAttribute::Data(nl::DataAttribute::Verdict(
+                        verdict,
+                    )));
+                } else if !e.data.is_empty() {
+                    typed.push(nl::SetElementAttribute::Data(value(e.data_bytes())));
+                }
+                if let Some(c) = &e.comment {
+                    let mut tlv = vec![0, c.len() as u8 + 1];
+                    tlv.extend_from_slice(c.as_bytes());
+                    tlv.push(0);
+                    typed.push(nl::SetElementAttribute::UserData(tlv));
+                }
+            }
+            let typed = ListAttribute::Element(typed);
+            let mut want = vec![0; typed.buffer_len()];
+            typed.emit(&mut want);
+            let mut got = Vec::new();
+            push_element(&mut got, e, with_data);
+            assert_eq!(hex(&got), hex(&want), "{e:?} with data {with_data}");
+        }
+    }
+}
