@@ -537,6 +537,15 @@ impl Dataplane for MeteredDataplane {
     ) -> Result<Option<TableSnapshot>, SyncError> {
         self.inner.dump_skeleton(family, table)
     }
+
+    fn find_unheld_element(
+        &mut self,
+        family: Family,
+        set: &Set,
+        elements: &[&Element],
+    ) -> Result<Option<usize>, SyncError> {
+        self.inner.find_unheld_element(family, set, elements)
+    }
 }
 
 /// A one-set table of "another program", and the kernel time of adding one

@@ -414,4 +414,24 @@ impl Dataplane for FakeKernel {
         }
         Ok(t)
     }
+
+    fn find_unheld_element(
+        &mut self,
+        family: Family,
+        set: &Set,
+        elements: &[&Element],
+    ) -> Result<Option<usize>, SyncError> {
+        // One request per 512 elements, like the socket's.
+        self.messages += elements.len().div_ceil(512).max(1) as u64;
+        self.dump_fault(family)?;
+        let held = self
+            .tables
+            .get(&(family, super::TABLE.to_string()))
+            .and_then(|t| t.sets.get(&set.name))
+            .map(|(_, els)| els);
+        Ok(elements.iter().position(|asked| {
+            held.and_then(|els| els.get(&asked.key_bytes()))
+                .is_none_or(|have| have != *asked)
+        }))
+    }
 }

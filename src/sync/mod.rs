@@ -67,6 +67,16 @@ pub trait Dataplane {
         family: Family,
         table: &str,
     ) -> Result<Option<TableSnapshot>, SyncError>;
+    /// Looks `elements` up in one of our sets one by one: the index of the
+    /// first it does not hold exactly as given, `None` when it holds them all
+    /// (see [`NftSocket::find_unheld_element`]). Linear in `elements`
+    /// whatever the set's size; blind to elements besides them.
+    fn find_unheld_element(
+        &mut self,
+        family: Family,
+        set: &Set,
+        elements: &[&Element],
+    ) -> Result<Option<usize>, SyncError>;
 }
 
 /// The kernel, over one NETLINK_NETFILTER socket.
@@ -140,6 +150,20 @@ impl Dataplane for NetlinkDataplane {
         self.socket
             .dump_table_skeleton(family, table)
             .map(|t| t.map(TableSnapshot::from_kernel))
+            .map_err(|source| SyncError::DumpFailed {
+                family: family.nft_name(),
+                source,
+            })
+    }
+
+    fn find_unheld_element(
+        &mut self,
+        family: Family,
+        set: &Set,
+        elements: &[&Element],
+    ) -> Result<Option<usize>, SyncError> {
+        self.socket
+            .find_unheld_element(family, TABLE, set, elements)
             .map_err(|source| SyncError::DumpFailed {
                 family: family.nft_name(),
                 source,
@@ -616,8 +640,17 @@ impl<D: Dataplane> Syncer<D> {
         renderer: &NftablesRenderer,
     ) -> Result<Vec<String>, SyncError> {
         let mut differing = Vec::new();
+        // Nothing committed in the namespace since our last sync: each set
+        // holds what our transactions left in it, nothing else's.
+        let unmoved = match self.generation {
+            Some(ours) => self.dataplane.generation()? == ours,
+            None => false,
+        };
         for rendered in renderer.rendered() {
             let family = rendered.skeleton().family;
+            if unmoved && self.holds_by_lookup(&rendered)? {
+                continue;
+            }
             let current = self.dataplane.dump(family, TABLE)?;
             if current
                 .as_ref()
@@ -634,6 +667,71 @@ impl<D: Dataplane> Syncer<D> {
             differing.push(format!("{} {TABLE}: {detail}", family.nft_name()));
         }
         Ok(differing)
+    }
+
+    /// Whether the kernel holds `rendered`'s table, read without dumping big
+    /// sets: the skeleton is dumped and compared; a set of up to
+    /// [`LOOKUP_FROM`] elements is dumped and compared element for element;
+    /// in a bigger one each element we want is looked up by key (a dump of
+    /// it would cost the kernel time quadratic in its size). Lookups cannot
+    /// see extra elements: the caller asks only while the ruleset generation
+    /// is still the one our last commit made. `false` may mean "not sure":
+    /// the caller then dumps the whole table.
+    fn holds_by_lookup(&mut self, rendered: &RenderedTable<'_>) -> Result<bool, SyncError> {
+        let family = rendered.skeleton().family;
+        let Some(cur) = self.dataplane.dump_skeleton(family, TABLE)? else {
+            return Ok(false);
+        };
+        let skeleton = TableSnapshot::from_spec(rendered.skeleton());
+        if cur.chains != skeleton.chains || cur.sets.len() != skeleton.sets.len() {
+            return Ok(false);
+        }
+        let mut wanted: HashMap<&str, (&Set, Vec<&Element>)> = HashMap::new();
+        for (name, want) in &skeleton.sets {
+            let Some(have) = cur.sets.get(name) else {
+                return Ok(false);
+            };
+            if have.set != want.set {
+                return Ok(false);
+            }
+            wanted.insert(name, (&want.set, want.elements.iter().collect()));
+        }
+        let mut names: HashMap<SetId, &str> = HashMap::new();
+        for (id, element) in rendered.service_elements() {
+            let name = match names.entry(id) {
+                std::collections::hash_map::Entry::Occupied(o) => *o.get(),
+                std::collections::hash_map::Entry::Vacant(v) => {
+                    let Some((name, _)) = skeleton.sets.get_key_value(&id.name()) else {
+                        return Ok(false);
+                    };
+                    *v.insert(name.as_str())
+                }
+            };
+            if let Some((_, elements)) = wanted.get_mut(name) {
+                elements.push(element);
+            }
+        }
+        for (set, elements) in wanted.into_values() {
+            // What packets add is not ours to compare.
+            if set.flags.dynamic {
+                continue;
+            }
+            let held = if elements.len() <= LOOKUP_FROM {
+                let Some(have) = self.dataplane.dump_set_elements(family, set)? else {
+                    return Ok(false);
+                };
+                let have: std::collections::HashSet<&Element> = have.iter().collect();
+                have.len() == elements.len() && elements.iter().all(|e| have.contains(e))
+            } else {
+                self.dataplane
+                    .find_unheld_element(family, set, &elements)?
+                    .is_none()
+            };
+            if !held {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
     /// Reads the kernel back and says which tables differ from `desired`.
@@ -672,6 +770,11 @@ impl<D: Dataplane> Syncer<D> {
         Ok(ops.len())
     }
 }
+
+/// Sets bigger than this are read back by looking their elements up, not by
+/// dumping them (see `Syncer::holds_by_lookup`): a dump of `n` elements walks
+/// the kernel's hash `n / ~400` times from the start.
+pub const LOOKUP_FROM: usize = 2048;
 
 /// Whether `cur` is exactly `rendered`'s table: the skeleton's chains and set
 /// definitions, and in each set its skeleton elements and services' elements
@@ -772,6 +875,15 @@ impl<D: Dataplane + ?Sized> Dataplane for &mut D {
 
     fn generation(&mut self) -> Result<u32, SyncError> {
         (**self).generation()
+    }
+
+    fn find_unheld_element(
+        &mut self,
+        family: Family,
+        set: &Set,
+        elements: &[&Element],
+    ) -> Result<Option<usize>, SyncError> {
+        (**self).find_unheld_element(family, set, elements)
     }
 
     fn dump_skeleton(

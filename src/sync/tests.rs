@@ -528,13 +528,19 @@ fn a_cold_start_goes_in_bounded_transactions_of_whole_services() {
 }
 
 /// A dataplane that keeps every transaction it passes on.
+#[derive(Default)]
 struct Recording {
     kernel: FakeKernel,
     transactions: Vec<Vec<Op>>,
+    /// Whole-table dumps asked for.
+    table_dumps: usize,
+    /// Sets whose elements were looked up by key.
+    lookups: Vec<String>,
 }
 
 impl Dataplane for Recording {
     fn dump(&mut self, family: Family, table: &str) -> Result<Option<TableSnapshot>, SyncError> {
+        self.table_dumps += 1;
         self.kernel.dump(family, table)
     }
     fn apply(&mut self, ops: &[Op]) -> Result<(), SyncError> {
@@ -561,6 +567,15 @@ impl Dataplane for Recording {
     ) -> Result<Option<TableSnapshot>, SyncError> {
         self.kernel.dump_skeleton(family, table)
     }
+    fn find_unheld_element(
+        &mut self,
+        family: Family,
+        set: &Set,
+        elements: &[&Element],
+    ) -> Result<Option<usize>, SyncError> {
+        self.lookups.push(set.name.clone());
+        self.kernel.find_unheld_element(family, set, elements)
+    }
 }
 
 /// A renderer's cold start, built from its parts one transaction at a time:
@@ -574,10 +589,7 @@ fn a_rendered_cold_start_sends_whole_services_in_bounded_transactions() {
     let (deltas, _) = renderer.update(&state, &opts());
     let total: usize = renderer.rendered().map(|t| t.service_element_count()).sum();
     assert!(total > COLD_START_BATCH_ELEMENTS, "{total} elements");
-    let mut syncer = Syncer::new(Recording {
-        kernel: FakeKernel::default(),
-        transactions: Vec::new(),
-    });
+    let mut syncer = Syncer::new(Recording::default());
     let outcome = syncer.sync_rendered(&renderer, &deltas).unwrap();
     assert!(outcome.full);
     let transactions = &syncer.dataplane.transactions;
@@ -601,10 +613,7 @@ fn a_rendered_cold_start_sends_whole_services_in_bounded_transactions() {
     let state = two_endpoint_services(50);
     let mut renderer = NftablesRenderer::default();
     let (deltas, _) = renderer.update(&state, &opts());
-    let mut syncer = Syncer::new(Recording {
-        kernel: FakeKernel::default(),
-        transactions: Vec::new(),
-    });
+    let mut syncer = Syncer::new(Recording::default());
     syncer.sync_rendered(&renderer, &deltas).unwrap();
     assert_eq!(syncer.dataplane.transactions.len(), 1);
     assert_holds_one_transactions_tables(&renderer, &mut syncer.dataplane.kernel);
@@ -730,4 +739,82 @@ fn verify_rendered_says_what_verify_of_the_built_tables_says() {
             "{tamper:?}"
         );
     }
+}
+
+/// After our own sync, with the ruleset generation where our last commit left
+/// it, a big table is read back without dumping it: small sets element for
+/// element, sets past `LOOKUP_FROM` by looking each wanted element up. An
+/// element of a big set missing or changed is found (and described from a
+/// dump); once the generation moved, the whole table is dumped, so an extra
+/// element is found too.
+#[test]
+fn a_big_table_is_read_back_by_lookup_while_the_generation_is_ours() {
+    let state = two_endpoint_services(1500);
+    let mut renderer = NftablesRenderer::default();
+    let (deltas, _) = renderer.update(&state, &opts());
+    let mut syncer = Syncer::new(Recording::default());
+    syncer.sync_rendered(&renderer, &deltas).unwrap();
+    syncer.dataplane.table_dumps = 0;
+    assert_eq!(
+        syncer.verify_rendered(&renderer).unwrap(),
+        Vec::<String>::new()
+    );
+    let mut looked_up = syncer.dataplane.lookups.clone();
+    looked_up.sort();
+    assert_eq!(looked_up, ["endpoints-ips", "hairpin"]);
+    assert_eq!(syncer.dataplane.table_dumps, 0);
+
+    let v4 = renderer.tables().remove(0);
+    let endpoints = &v4.sets["endpoints-ips"];
+    assert!(endpoints.elements.len() > LOOKUP_FROM);
+    let element = endpoints.elements.iter().nth(1234).unwrap().clone();
+    let mut changed = element.clone();
+    changed.data[1] = KeyValue::Port(9999);
+    let mut foreign = element.clone();
+    foreign.key[0] = KeyValue::Addr(IpAddr::V4(Ipv4Addr::new(192, 0, 2, 99)));
+    let delete = Op::DeleteElements {
+        family: v4.family,
+        table: TABLE.into(),
+        set: "endpoints-ips".into(),
+        elements: vec![Element::new(element.key.clone())],
+    };
+    let add = |e: Element| Op::AddElements {
+        family: v4.family,
+        table: TABLE.into(),
+        set: "endpoints-ips".into(),
+        elements: vec![e],
+    };
+    // Our own transactions gone wrong: the generation stays ours.
+    for wrong in [vec![delete.clone()], vec![delete, add(changed)]] {
+        let mut syncer = Syncer::new(Recording {
+            kernel: syncer.dataplane.kernel.clone(),
+            ..Default::default()
+        });
+        syncer.dataplane.kernel.apply(&wrong).unwrap();
+        syncer.generation = Some(syncer.dataplane.kernel.generation);
+        let found = syncer.verify_rendered(&renderer).unwrap();
+        assert!(
+            syncer
+                .dataplane
+                .lookups
+                .iter()
+                .any(|s| s == "endpoints-ips"),
+            "{wrong:?}"
+        );
+        assert_eq!(found, syncer.verify(&renderer.tables()).unwrap());
+        assert_eq!(found.len(), 1, "{wrong:?}: {found:?}");
+    }
+    // Someone else's commit moved the generation: the table is dumped.
+    let mut tampered = Syncer::new(Recording {
+        kernel: syncer.dataplane.kernel.clone(),
+        ..Default::default()
+    });
+    tampered.generation = Some(tampered.dataplane.kernel.generation);
+    tampered.dataplane.kernel.apply(&[add(foreign)]).unwrap();
+    let found = tampered.verify_rendered(&renderer).unwrap();
+    assert!(tampered.dataplane.lookups.is_empty());
+    assert_eq!(
+        found,
+        ["ip kube-nlproxy: set endpoints-ips: 0 elements missing, 1 extra"]
+    );
 }
