@@ -58,7 +58,9 @@ struct HealthEntry {
 /// A `healthCheckNodePort` and the ready local endpoint addresses behind it.
 type HealthCheck = (u16, BTreeSet<IpAddr>);
 
-/// [`HealthEntry`] per service port, with the totals kept as entries change.
+/// [`HealthEntry`] per service port that has something to report (a health
+/// check, or no local endpoint under a Local policy), with the totals kept
+/// as entries change.
 #[derive(Debug, Default)]
 struct HealthIndex {
     entries: HashMap<(ServicePortName, IpFamily), HealthEntry>,
@@ -77,7 +79,7 @@ impl HealthIndex {
             .unwrap_or(&[]);
         let cat = categorize_endpoints(endpoints, svc, &state.node);
         let no_local = cat.has_any_endpoints && cat.local.is_empty();
-        Some(HealthEntry {
+        let entry = HealthEntry {
             no_local_internal: no_local && svc.internal_policy == TrafficPolicy::Local,
             no_local_external: no_local && svc.external_policy_local(),
             check: svc
@@ -91,7 +93,10 @@ impl HealthIndex {
                         .collect();
                     (port, ips)
                 }),
-        })
+        };
+        // Most ports (ClusterIP, eTP Cluster) have nothing to report: keep
+        // no entry for them.
+        (entry != HealthEntry::default()).then_some(entry)
     }
 
     fn count(&mut self, key: &(ServicePortName, IpFamily), entry: &HealthEntry, add: bool) {
@@ -104,8 +109,8 @@ impl HealthIndex {
                 *n = if add { *n + 1 } else { n.saturating_sub(1) };
             }
         }
-        let service = (key.0.namespace.clone(), key.0.name.clone());
         if let Some(check) = &entry.check {
+            let service = (key.0.namespace.clone(), key.0.name.clone());
             let ports = self.checks.entry(service.clone()).or_default();
             if add {
                 ports.insert(key.clone(), check.clone());
@@ -121,35 +126,41 @@ impl HealthIndex {
     /// Re-reads `changed` (every port when `all`) from `state`; returns whether
     /// anything changed.
     fn update(&mut self, state: &ClusterState, changed: &[ServicePortName], all: bool) -> bool {
-        let keys: Vec<(ServicePortName, IpFamily)> = if all {
-            let mut keys: BTreeSet<(ServicePortName, IpFamily)> =
-                self.entries.keys().cloned().collect();
-            keys.extend(state.services.keys().cloned());
-            keys.into_iter().collect()
-        } else {
-            changed
-                .iter()
-                .flat_map(|n| IpFamily::ALL.map(|f| (n.clone(), f)))
-                .collect()
-        };
         let mut any = false;
-        for key in keys {
-            let new = Self::entry_of(state, &key);
-            let old = self.entries.get(&key).cloned();
-            if old == new {
-                continue;
+        if all {
+            let gone: Vec<(ServicePortName, IpFamily)> = self
+                .entries
+                .keys()
+                .filter(|key| !state.services.contains_key(*key))
+                .cloned()
+                .collect();
+            for key in gone.iter().chain(state.services.keys()) {
+                any |= self.refresh(state, key);
             }
-            any = true;
-            if let Some(old) = old {
-                self.count(&key, &old, false);
-                self.entries.remove(&key);
-            }
-            if let Some(new) = new {
-                self.count(&key, &new, true);
-                self.entries.insert(key, new);
+        } else {
+            for name in changed {
+                for family in IpFamily::ALL {
+                    any |= self.refresh(state, &(name.clone(), family));
+                }
             }
         }
         any
+    }
+
+    /// Re-reads one service port; returns whether its entry changed.
+    fn refresh(&mut self, state: &ClusterState, key: &(ServicePortName, IpFamily)) -> bool {
+        let new = Self::entry_of(state, key);
+        if self.entries.get(key) == new.as_ref() {
+            return false;
+        }
+        if let Some(old) = self.entries.remove(key) {
+            self.count(key, &old, false);
+        }
+        if let Some(new) = new {
+            self.count(key, &new, true);
+            self.entries.insert(key.clone(), new);
+        }
+        true
     }
 }
 
