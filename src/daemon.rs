@@ -110,7 +110,7 @@ impl HealthIndex {
             }
         }
         if let Some(check) = &entry.check {
-            let service = (key.0.namespace.clone(), key.0.name.clone());
+            let service = (key.0.namespace.to_string(), key.0.name.to_string());
             let ports = self.checks.entry(service.clone()).or_default();
             if add {
                 ports.insert(key.clone(), check.clone());

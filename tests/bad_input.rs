@@ -436,9 +436,9 @@ fn names_at_their_length_limits_load() {
     );
     assert!(warnings.is_empty(), "{warnings:?}");
     let spn = ServicePortName {
-        namespace: ns,
-        name: svc,
-        port_name: port,
+        namespace: ns.into(),
+        name: svc.into(),
+        port_name: port.into(),
         protocol: Protocol::Tcp,
     };
     assert!(state.services.contains_key(&(spn.clone(), IpFamily::V4)));
@@ -484,7 +484,7 @@ fn ten_thousand_endpoints_in_one_slice_load() {
     let spn = ServicePortName {
         namespace: "load".into(),
         name: "big".into(),
-        port_name: String::new(),
+        port_name: "".into(),
         protocol: Protocol::Tcp,
     };
     assert_eq!(state.endpoints[&spn].len(), 10_000);
@@ -563,7 +563,7 @@ fn bad_objects_are_one_warning_each_naming_object_and_field() {
     let np = ServicePortName {
         namespace: "default".into(),
         name: "np".into(),
-        port_name: String::new(),
+        port_name: "".into(),
         protocol: Protocol::Tcp,
     };
     let sp = &state.services[&(np, IpFamily::V4)];

@@ -54,7 +54,7 @@ fn state(services: &[(u8, u8, u8, bool)]) -> ClusterState {
         let family = if v6 { IpFamily::V6 } else { IpFamily::V4 };
         let name = ServicePortName {
             namespace: "default".into(),
-            name: format!("svc-{id}"),
+            name: format!("svc-{id}").into(),
             port_name: "http".into(),
             protocol: if id % 2 == 0 {
                 Protocol::Tcp

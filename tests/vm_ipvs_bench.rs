@@ -36,7 +36,7 @@ fn skip() -> bool {
 fn name(i: usize) -> ServicePortName {
     ServicePortName {
         namespace: "bench".into(),
-        name: format!("s{i}"),
+        name: format!("s{i}").into(),
         port_name: "p".into(),
         protocol: Protocol::Tcp,
     }

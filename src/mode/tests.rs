@@ -265,7 +265,7 @@ fn two_services_on_one_address_keep_the_first_and_report_it() {
 fn many_name(i: usize) -> ServicePortName {
     ServicePortName {
         namespace: "ns".into(),
-        name: format!("svc-{i}"),
+        name: format!("svc-{i}").into(),
         port_name: "http".into(),
         protocol: Protocol::Tcp,
     }

@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Node, Service};
@@ -210,12 +211,13 @@ pub(super) fn service_ports(
     opts: &BuildOptions,
     warnings: &mut Vec<Warning>,
 ) -> Vec<ServicePort> {
-    let namespace = svc
+    let namespace: Arc<str> = svc
         .metadata
         .namespace
-        .clone()
-        .unwrap_or_else(|| "default".to_owned());
-    let name = svc.metadata.name.clone().unwrap_or_default();
+        .as_deref()
+        .unwrap_or("default")
+        .into();
+    let name: Arc<str> = svc.metadata.name.as_deref().unwrap_or_default().into();
     let object = format!("Service {namespace}/{name}");
     let ignored_by_label = svc.metadata.labels.as_ref().is_some_and(|labels| {
         labels.contains_key(LABEL_SERVICE_PROXY_NAME) || labels.contains_key(LABEL_HEADLESS)
@@ -419,7 +421,7 @@ pub(super) fn service_ports(
         let spn = ServicePortName {
             namespace: namespace.clone(),
             name: name.clone(),
-            port_name: port.name.clone().unwrap_or_default(),
+            port_name: port.name.as_deref().unwrap_or_default().into(),
             protocol,
         };
         for cluster_ip in &cluster_ips {
@@ -543,6 +545,7 @@ pub(super) fn endpoints(
             };
             ips.push(ip);
         }
+        let (shared_ns, shared_svc): (Arc<str>, Arc<str>) = (ns.into(), svc.into());
         for (pi, port) in slice.ports.iter().flatten().enumerate() {
             let Some(port_number) = port.port else {
                 continue;
@@ -569,9 +572,9 @@ pub(super) fn endpoints(
                 continue;
             };
             let spn = ServicePortName {
-                namespace: ns.to_owned(),
-                name: svc.to_owned(),
-                port_name: port.name.clone().unwrap_or_default(),
+                namespace: shared_ns.clone(),
+                name: shared_svc.clone(),
+                port_name: port.name.as_deref().unwrap_or_default().into(),
                 protocol,
             };
             let list = out.entry(spn.clone()).or_default();

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use ipnet::IpNet;
 
@@ -60,15 +61,17 @@ impl IpFamily {
 }
 
 /// Identity of one service port: `namespace/name:portname/protocol`, as upstream's
-/// `ServicePortName`.
+/// `ServicePortName`. The names are shared: the model, the tracker, the
+/// renderer and the health index each keep the name of every port, and a
+/// clone costs three reference counts, not three strings.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ServicePortName {
     /// Namespace.
-    pub namespace: String,
+    pub namespace: Arc<str>,
     /// Service name.
-    pub name: String,
+    pub name: Arc<str>,
     /// Port name ("" for an unnamed single port).
-    pub port_name: String,
+    pub port_name: Arc<str>,
     /// Protocol.
     pub protocol: Protocol,
 }

@@ -92,7 +92,7 @@ pub(crate) fn state_of(seeds: &[SvcSeed]) -> ClusterState {
         let protocol = [Protocol::Tcp, Protocol::Udp, Protocol::Sctp][s.protocol as usize];
         let name = ServicePortName {
             namespace: "ns".into(),
-            name: format!("svc{}", s.id),
+            name: format!("svc{}", s.id).into(),
             port_name: "p".into(),
             protocol,
         };
@@ -418,7 +418,7 @@ fn affinity_entries_of_removed_endpoints_are_deleted_after_the_commit() {
 fn port_name(i: usize) -> ServicePortName {
     ServicePortName {
         namespace: "ns".into(),
-        name: format!("s{i}"),
+        name: format!("s{i}").into(),
         port_name: "p".into(),
         protocol: Protocol::Tcp,
     }

@@ -606,7 +606,7 @@ mod tests {
         let opts = opts();
         let name = |i: usize| ServicePortName {
             namespace: "ns".into(),
-            name: format!("s{i}"),
+            name: format!("s{i}").into(),
             port_name: "p".into(),
             protocol: Protocol::Tcp,
         };

@@ -389,7 +389,10 @@ fn conflicting_virtual_servers_keep_the_first() {
     b.external_ips = vec![ip("203.0.113.7")];
     let d = desired_ipvs(&state(vec![(a, vec![]), (b, vec![])]), &opts());
     assert_eq!(d.conflicts.len(), 1);
-    assert_eq!(d.virtual_servers[&key("203.0.113.7", 80)].service.name, "a");
+    assert_eq!(
+        d.virtual_servers[&key("203.0.113.7", 80)].service.name,
+        "a".into()
+    );
 }
 
 #[test]

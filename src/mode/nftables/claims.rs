@@ -164,7 +164,7 @@ mod tests {
         Arc::new(ServicePortName {
             namespace: "ns".into(),
             name: name.into(),
-            port_name: String::new(),
+            port_name: "".into(),
             protocol: Protocol::Tcp,
         })
     }

@@ -57,11 +57,7 @@ fn ignore_rules() {
     y += &svc("ok", "", "  clusterIP: 10.0.0.4\n  ports: [{port: 80}]\n");
     let (state, w) = run(&y);
     assert!(w.is_empty(), "{w:?}");
-    let names: Vec<_> = state
-        .services
-        .keys()
-        .map(|(n, _)| n.name.as_str())
-        .collect();
+    let names: Vec<_> = state.services.keys().map(|(n, _)| &*n.name).collect();
     assert_eq!(names, ["ok"]);
     let sp = &state.services[&(spn("ok", "", Protocol::Tcp), IpFamily::V4)];
     assert_eq!(sp.cluster_ip, Some(ip("10.0.0.4")));
@@ -429,11 +425,7 @@ fn service_port_out_of_range_skips_only_that_port() {
         ]
     );
     assert!(w[1].message.contains("65536"), "{}", w[1]);
-    let names: Vec<_> = state
-        .services
-        .keys()
-        .map(|(n, _)| n.port_name.as_str())
-        .collect();
+    let names: Vec<_> = state.services.keys().map(|(n, _)| &*n.port_name).collect();
     assert_eq!(names, ["ok"]);
 }
 

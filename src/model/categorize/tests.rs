@@ -43,7 +43,7 @@ fn svc(family: IpFamily) -> ServicePort {
         name: ServicePortName {
             namespace: "ns".into(),
             name: "s".into(),
-            port_name: String::new(),
+            port_name: "".into(),
             protocol: Protocol::Tcp,
         },
         family,

@@ -62,7 +62,7 @@ fn step(tracker: &mut ModelTracker, before: &Objects, after: &Objects) -> ModelU
 }
 
 fn names(update: &ModelUpdate) -> Vec<String> {
-    update.changed.iter().map(|n| n.name.clone()).collect()
+    update.changed.iter().map(|n| n.name.to_string()).collect()
 }
 
 #[test]
