@@ -445,7 +445,7 @@ pub async fn run<M: Mode, H: Host>(
         if let Some(reason) = runner.due(now) {
             if reason == RunReason::Periodic {
                 // Read the kernel back: repairs drift nobody told us about.
-                daemon.driver.mode_mut().request_full_sync();
+                daemon.driver.mode_mut().periodic_read_back();
             }
             let changes = daemon.changes_of(source);
             let ok = daemon.sync(changes).await;

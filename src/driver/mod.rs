@@ -114,6 +114,11 @@ pub trait Mode {
     }
     /// Makes the next sync read the kernel back.
     fn request_full_sync(&mut self);
+    /// The periodic read-back: makes the next sync a full one, unless a
+    /// cheaper read shows the kernel still holds the desired state.
+    fn periodic_read_back(&mut self) {
+        self.request_full_sync();
+    }
     /// Netlink messages sent so far.
     fn messages_sent(&self) -> u64;
     /// When the next sync is needed without any change (real servers draining).

@@ -108,6 +108,23 @@ impl<D: Dataplane> Mode for NftablesMode<D> {
         self.syncer.request_full_sync();
     }
 
+    /// While nothing has committed since our last sync, a dump would only
+    /// find what we committed: the kernel is read by lookup instead (linear,
+    /// where a dump of a big set is quadratic), and a full sync follows only
+    /// when it lacks something.
+    fn periodic_read_back(&mut self) {
+        if self.deltas.is_empty() {
+            match self.syncer.holds_unmoved(&self.renderer) {
+                Ok(true) => return,
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::debug!("periodic read-back by lookup: {}", crate::ErrorChain(&e))
+                }
+            }
+        }
+        self.request_full_sync();
+    }
+
     fn messages_sent(&self) -> u64 {
         self.syncer.dataplane().messages_sent()
     }

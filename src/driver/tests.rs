@@ -382,3 +382,54 @@ fn a_first_list_absorbed_in_pieces_syncs_as_one() {
     // What the kernel holds is what that state renders.
     assert_eq!(driver.verify().unwrap(), Vec::<String>::new());
 }
+
+/// The periodic read-back while nothing else has committed reads the kernel
+/// by lookup, and the sync after it stays incremental. An element gone
+/// without the generation moving (a transaction of ours gone wrong) still
+/// makes it a full sync that puts the element back; so does anyone's commit.
+#[test]
+fn the_periodic_read_back_reads_by_lookup_while_the_generation_is_ours() {
+    use crate::sync::Dataplane;
+    use kube_nlproxy_netlink::nft::{Element, Family, Op};
+    let table = crate::mode::nftables::TABLE;
+    let mut driver = nft_driver();
+    driver.sync_once(cluster(1100, "TCP")).unwrap();
+    driver.mode_mut().periodic_read_back();
+    let synced = driver.sync_once(ObjectChanges::default()).unwrap();
+    assert!(!synced.report.full);
+
+    let kernel = driver.mode_mut().dataplane_mut();
+    let endpoints = kernel.dump(Family::Ipv4, table).unwrap().unwrap().sets["endpoints-ips"]
+        .elements
+        .clone();
+    assert!(endpoints.len() > crate::sync::LOOKUP_FROM);
+    let gone = endpoints.iter().nth(777).unwrap();
+    kernel
+        .apply(&[Op::DeleteElements {
+            family: Family::Ipv4,
+            table: table.into(),
+            set: "endpoints-ips".into(),
+            elements: vec![Element::new(gone.key.clone())],
+        }])
+        .unwrap();
+    kernel.generation -= 1;
+    driver.mode_mut().periodic_read_back();
+    let synced = driver.sync_once(ObjectChanges::default()).unwrap();
+    assert!(synced.report.full);
+    assert_eq!(synced.report.ops.get("add-element"), Some(&1));
+    assert_eq!(driver.verify().unwrap(), Vec::<String>::new());
+
+    let foreign = [Op::AddTable {
+        family: Family::Ipv4,
+        name: "foreign".into(),
+    }];
+    driver.mode_mut().dataplane_mut().apply(&foreign).unwrap();
+    driver.mode_mut().periodic_read_back();
+    assert!(
+        driver
+            .sync_once(ObjectChanges::default())
+            .unwrap()
+            .report
+            .full
+    );
+}

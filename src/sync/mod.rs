@@ -2,8 +2,9 @@
 //! kernel, through the [`Dataplane`] trait that netlink and [`FakeKernel`] implement.
 //!
 //! Between syncs the last committed state is trusted, so a sync costs what changed.
-//! A failed transaction, start-up and the periodic resync read the kernel back
-//! (a full sync); a no-op sync sends nothing.
+//! A failed transaction and start-up read the kernel back (a full sync); so
+//! does the periodic resync, unless nothing has committed since our last sync
+//! and looking our elements up finds them all. A no-op sync sends nothing.
 
 pub mod conntrack;
 pub mod diff;
@@ -667,6 +668,25 @@ impl<D: Dataplane> Syncer<D> {
             differing.push(format!("{} {TABLE}: {detail}", family.nft_name()));
         }
         Ok(differing)
+    }
+
+    /// Whether the kernel holds every table of `renderer`, read as
+    /// [`holds_by_lookup`](Self::holds_by_lookup) does; only while the ruleset
+    /// generation is still the one our last sync left (`false` otherwise, and
+    /// when a full sync is due anyway).
+    pub fn holds_unmoved(&mut self, renderer: &NftablesRenderer) -> Result<bool, SyncError> {
+        let Some(ours) = self.generation.filter(|_| !self.need_full) else {
+            return Ok(false);
+        };
+        if self.dataplane.generation()? != ours {
+            return Ok(false);
+        }
+        for rendered in renderer.rendered() {
+            if !self.holds_by_lookup(&rendered)? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
     /// Whether the kernel holds `rendered`'s table, read without dumping big
