@@ -338,3 +338,63 @@ fn upgrade_from_the_chain_layout_keeps_live_connections() {
     );
     c.finish();
 }
+
+/// 1 100 services × 2 endpoints: the endpoint map holds more than
+/// `LOOKUP_FROM` elements, so `--once` reads it back by looking each element
+/// up (the kernel answers each), exits 0, and real connections reach both
+/// backends of services across the table; a second `--once` over the
+/// existing table changes nothing and reads back the same way.
+#[test]
+fn a_big_table_is_read_back_by_lookup() {
+    let mut t = Topo::new();
+    t.add_pod("a", Where::Local);
+    t.add_pod("b", Where::Local);
+    t.add_pod("r", Where::Remote);
+    let a = t.pod("a").ns.clone();
+    let cip = |i: usize| format!("10.96.{}.{}", 4 + i / 250, 1 + i % 250);
+    let mut objs = Vec::new();
+    for i in 0..1100 {
+        objs.extend(svc(&format!("s{i}"), &cip(i), &t, &["b", "r"]));
+    }
+    let p = Proxy::new(&t, BIN);
+    p.write(&cluster(&objs));
+    let mut c = Checks::default();
+    for round in ["cold start", "over the existing table"] {
+        let out = p.once_logging("kube_nlproxy=debug");
+        let log = String::from_utf8_lossy(&out.stderr);
+        c.run(
+            &format!("big table {round}: --once matches by lookup"),
+            || {
+                assert!(
+                    out.status.success(),
+                    "--once failed ({}):\n{log}",
+                    out.status
+                );
+                assert!(
+                    log.lines()
+                        .any(|l| l.contains("read back by lookup") && l.contains("endpoints-ips")),
+                    "no lookup read-back in the log:\n{log}"
+                );
+            },
+        );
+    }
+    for i in [0, 549, 1099] {
+        let vip = sa(ip(&cip(i)), 80);
+        c.run(
+            &format!("big table: service {i} reaches both backends"),
+            || {
+                let mut seen = std::collections::BTreeSet::new();
+                for _ in 0..40 {
+                    if let Ok(reply) = tcp(&a, vip, SHORT) {
+                        seen.insert(reply.pod);
+                    }
+                    if seen.len() == 2 {
+                        break;
+                    }
+                }
+                assert_eq!(seen, ["b".to_string(), "r".to_string()].into(), "{vip}");
+            },
+        );
+    }
+    c.finish();
+}

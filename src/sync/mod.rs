@@ -743,6 +743,7 @@ impl<D: Dataplane> Syncer<D> {
                 let have: std::collections::HashSet<&Element> = have.iter().collect();
                 have.len() == elements.len() && elements.iter().all(|e| have.contains(e))
             } else {
+                tracing::debug!(set = %set.name, elements = elements.len(), "read back by lookup");
                 self.dataplane
                     .find_unheld_element(family, set, &elements)?
                     .is_none()

@@ -1271,6 +1271,15 @@ impl Proxy {
         c.output().expect("spawn kube-nlproxy")
     }
 
+    /// `run --once` with `RUST_LOG=filter`; returns the output.
+    pub fn once_logging(&self, filter: &str) -> Output {
+        let mut c = self.cmd(&["run"]);
+        c.args(self.base_args())
+            .arg("--once")
+            .env("RUST_LOG", filter);
+        c.output().expect("spawn kube-nlproxy")
+    }
+
     /// `run --once`, panicking with stderr when it fails.
     pub fn sync(&self) {
         let out = self.once();
