@@ -132,7 +132,8 @@ pub trait Mode {
 /// The outcome of [`Driver::sync_once`].
 #[derive(Debug, Clone, Default)]
 pub struct Synced {
-    /// What the model update changed.
+    /// What the model update changed. The first sync re-renders everything
+    /// (`node_changed`) and names only what changed after the last absorb.
     pub changed: Vec<ServicePortName>,
     /// Whether node-level facts changed (everything was re-rendered).
     pub node_changed: bool,
@@ -254,8 +255,11 @@ impl<M: Mode, H: Host> Driver<M, H> {
             tracing::warn!("skipped: {w}");
         }
         if !self.synced {
-            // The first sync judges stale flows by the state alone: the state
-            // before is not needed, and would be a second copy of the model.
+            // The first sync renders everything and judges stale flows by the
+            // state alone: neither the names of what changed nor the state
+            // before are needed, and the latter would be a second copy of the
+            // model.
+            update.changed = Vec::new();
             update.before = ClusterState {
                 node: update.before.node,
                 ..ClusterState::default()
