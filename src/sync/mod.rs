@@ -646,10 +646,7 @@ impl<D: Dataplane> Syncer<D> {
         let mut differing = Vec::new();
         // Nothing committed in the namespace since our last sync: each set
         // holds what our transactions left in it, nothing else's.
-        let unmoved = match self.generation {
-            Some(ours) => self.dataplane.generation()? == ours,
-            None => false,
-        };
+        let unmoved = self.generation_unmoved()?;
         for rendered in renderer.rendered() {
             let family = rendered.skeleton().family;
             if unmoved && self.holds_by_lookup(&rendered)? {
@@ -673,15 +670,21 @@ impl<D: Dataplane> Syncer<D> {
         Ok(differing)
     }
 
+    /// Whether the ruleset generation is still the one our last sync left:
+    /// nothing, ours or anyone's, has committed since (one small request).
+    fn generation_unmoved(&mut self) -> Result<bool, SyncError> {
+        match self.generation {
+            Some(ours) => Ok(self.dataplane.generation()? == ours),
+            None => Ok(false),
+        }
+    }
+
     /// Whether the kernel holds every table of `renderer`, read as
     /// [`holds_by_lookup`](Self::holds_by_lookup) does; only while the ruleset
     /// generation is still the one our last sync left (`false` otherwise, and
     /// when a full sync is due anyway).
     pub fn holds_unmoved(&mut self, renderer: &NftablesRenderer) -> Result<bool, SyncError> {
-        let Some(ours) = self.generation.filter(|_| !self.need_full) else {
-            return Ok(false);
-        };
-        if self.dataplane.generation()? != ours {
+        if self.need_full || !self.generation_unmoved()? {
             return Ok(false);
         }
         for rendered in renderer.rendered() {
