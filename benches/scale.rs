@@ -430,9 +430,11 @@ fn insert_service(
     );
     st.endpoints.insert(
         name.clone(),
-        eps.into_iter()
-            .map(|ip| Endpoint::ready(IpAddr::V4(ip), 8080, false))
-            .collect(),
+        std::sync::Arc::new(
+            eps.into_iter()
+                .map(|ip| Endpoint::ready(IpAddr::V4(ip), 8080, false))
+                .collect(),
+        ),
     );
 }
 
@@ -814,7 +816,9 @@ fn measure_ours(n: usize, e: usize, reps: usize, connects: usize, row: &mut Row)
                 }
                 1 => {
                     flip = !flip;
-                    let ep = &mut st.endpoints.get_mut(&changed).expect("changed svc")[e - 1];
+                    let ep = &mut std::sync::Arc::make_mut(
+                        st.endpoints.get_mut(&changed).expect("changed svc"),
+                    )[e - 1];
                     ep.ip = IpAddr::V4(if flip {
                         ALT_EP
                     } else {

@@ -75,7 +75,7 @@ impl HealthIndex {
         let endpoints = state
             .endpoints
             .get(&key.0)
-            .map(Vec::as_slice)
+            .map(|eps| eps.as_slice())
             .unwrap_or(&[]);
         let cat = categorize_endpoints(endpoints, svc, &state.node);
         let no_local = cat.has_any_endpoints && cat.local.is_empty();

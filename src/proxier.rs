@@ -395,7 +395,10 @@ fn add_endpoint_reasons(
     }) else {
         return;
     };
-    let endpoints = state.endpoints.get(name).map_or(&[][..], Vec::as_slice);
+    let endpoints = state
+        .endpoints
+        .get(name)
+        .map_or(&[][..], |eps| eps.as_slice());
     let reasons = crate::model::categorize_endpoints(endpoints, svc, &state.node).reasons;
     if reasons.is_empty() {
         return;

@@ -116,7 +116,8 @@ fn state(services: &[(u8, u8, u8, bool)]) -> ClusterState {
                     zone_hints: vec![],
                     node_hints: vec![],
                 })
-                .collect(),
+                .collect::<Vec<_>>()
+                .into(),
         );
     }
     st

@@ -62,7 +62,7 @@ fn state(n: usize) -> ClusterState {
         let eps = (0..ENDPOINTS)
             .map(|k| Endpoint::ready(IpAddr::V4(endpoint(i, k)), 8080, false))
             .collect();
-        s.endpoints.insert(name(i), eps);
+        s.endpoints.insert(name(i), std::sync::Arc::new(eps));
     }
     s
 }
@@ -121,7 +121,8 @@ fn bench(n: usize) {
     let full_time = started.elapsed();
     assert_eq!(ipvs_services(), n);
 
-    state.endpoints.get_mut(&name(n / 2)).unwrap()[3].ip = IpAddr::V4(Ipv4Addr::new(10, 250, 0, 1));
+    std::sync::Arc::make_mut(state.endpoints.get_mut(&name(n / 2)).unwrap())[3].ip =
+        IpAddr::V4(Ipv4Addr::new(10, 250, 0, 1));
     let started = Instant::now();
     mode.desired(&state, &node(), Some(&[name(n / 2)])).unwrap();
     let change = mode.sync().unwrap();

@@ -298,7 +298,7 @@ pub fn desired_ipvs(state: &ClusterState, opts: &IpvsOptions) -> IpvsDesired {
         let endpoints = state
             .endpoints
             .get(&svc.name)
-            .map(Vec::as_slice)
+            .map(|eps| eps.as_slice())
             .unwrap_or(&[]);
         service_port(&mut d, svc, *family, endpoints, state, opts);
     }

@@ -890,7 +890,10 @@ impl FamilyRenderer {
                 continue;
             }
             present += 1;
-            let eps = state.endpoints.get(name).unwrap_or(&no_endpoints);
+            let eps = state
+                .endpoints
+                .get(name)
+                .map_or(&no_endpoints[..], |eps| eps.as_slice());
             let unchanged = !node_changed
                 && self
                     .services
@@ -942,7 +945,10 @@ impl FamilyRenderer {
                 None => Vec::new(),
             };
             if let Some(svc) = state.services.get(&(name.clone(), self.ip_family)) {
-                let eps = state.endpoints.get(name).unwrap_or(&no_endpoints);
+                let eps = state
+                    .endpoints
+                    .get(name)
+                    .map_or(&no_endpoints[..], |eps| eps.as_slice());
                 let contribution = self.render(svc, eps, &state.node);
                 self.claim(
                     name,

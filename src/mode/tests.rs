@@ -46,7 +46,9 @@ pub(crate) fn table(svc: ServicePort, endpoints: Vec<Endpoint>) -> TableSpec {
         },
         ..Default::default()
     };
-    state.endpoints.insert(svc.name.clone(), endpoints);
+    state
+        .endpoints
+        .insert(svc.name.clone(), std::sync::Arc::new(endpoints));
     state.services.insert((svc.name.clone(), IpFamily::V4), svc);
     let opts = NftablesOptions {
         masquerade_all: false,
@@ -238,7 +240,7 @@ fn two_services_on_one_address_keep_the_first_and_report_it() {
     for s in [a, b] {
         state
             .endpoints
-            .insert(s.name.clone(), vec![ep("10.244.1.2", true)]);
+            .insert(s.name.clone(), vec![ep("10.244.1.2", true)].into());
         state.services.insert((s.name.clone(), IpFamily::V4), s);
     }
     let opts = NftablesOptions {
@@ -290,7 +292,9 @@ fn many(n: usize) -> ClusterState {
                 Endpoint::ready(IpAddr::V4(e), 8080, j == 0)
             })
             .collect();
-        state.endpoints.insert(name.clone(), eps);
+        state
+            .endpoints
+            .insert(name.clone(), std::sync::Arc::new(eps));
         state.services.insert((name, IpFamily::V4), s);
     }
     state
@@ -323,11 +327,12 @@ fn one_endpoint_change_among_10k_renders_one_port_and_changes_only_elements() {
     let mut renderer = NftablesRenderer::default();
     renderer.update(&state, &opts());
     let name = many_name(4242);
-    state.endpoints.get_mut(&name).unwrap()[1].ip = ip("10.250.0.1");
+    std::sync::Arc::make_mut(state.endpoints.get_mut(&name).unwrap())[1].ip = ip("10.250.0.1");
     for (deltas, stats) in [
         renderer.update_changed(&state, &opts(), std::slice::from_ref(&name)),
         {
-            state.endpoints.get_mut(&name).unwrap()[1].ip = ip("10.250.0.2");
+            std::sync::Arc::make_mut(state.endpoints.get_mut(&name).unwrap())[1].ip =
+                ip("10.250.0.2");
             renderer.update(&state, &opts())
         },
     ] {
@@ -357,11 +362,7 @@ fn a_new_endpoint_count_adds_one_rule_per_dispatch_chain() {
     let mut renderer = NftablesRenderer::default();
     renderer.update(&state, &opts());
     let name = many_name(7);
-    state
-        .endpoints
-        .get_mut(&name)
-        .unwrap()
-        .push(ep("10.250.0.3", false));
+    std::sync::Arc::make_mut(state.endpoints.get_mut(&name).unwrap()).push(ep("10.250.0.3", false));
     let (deltas, stats) = renderer.update_changed(&state, &opts(), &[name]);
     assert_eq!(stats.rendered, 1);
     let rewritten: Vec<&str> = deltas[0]
@@ -400,7 +401,7 @@ fn incremental_updates_equal_a_fresh_build() {
     added.external_policy = TrafficPolicy::Local;
     state
         .endpoints
-        .insert(added.name.clone(), vec![ep("10.244.9.9", true)]);
+        .insert(added.name.clone(), vec![ep("10.244.9.9", true)].into());
     state
         .services
         .insert((added.name.clone(), IpFamily::V4), added.clone());

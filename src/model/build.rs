@@ -124,7 +124,10 @@ pub fn build(objects: &Objects, opts: &BuildOptions) -> (ClusterState, Vec<Warni
         }
     }
 
-    state.endpoints = endpoints(&objects.endpoint_slices, &opts.node_name, &mut warnings);
+    state.endpoints = endpoints(&objects.endpoint_slices, &opts.node_name, &mut warnings)
+        .into_iter()
+        .map(|(name, eps)| (name, Arc::new(eps)))
+        .collect();
     // Keep only endpoints of service ports we serve.
     let known: std::collections::HashSet<&ServicePortName> =
         state.services.keys().map(|(n, _)| n).collect();

@@ -5,6 +5,7 @@
 //! alone. The result always equals [`build`](super::build) of the same objects.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Node;
 
@@ -21,7 +22,7 @@ struct ParsedSlice {
     service: Option<ObjectKey>,
     /// Its endpoints per service port, in name order (a slice has one or a few
     /// ports: a `BTreeMap` would allocate a node of eleven entries per slice).
-    endpoints: Box<[(ServicePortName, Vec<Endpoint>)]>,
+    endpoints: Box<[(ServicePortName, Arc<Vec<Endpoint>>)]>,
     /// `endpoints.kubernetes.io/last-change-trigger-time`, if set.
     trigger_time: Option<String>,
 }
@@ -171,7 +172,13 @@ impl ModelTracker {
                     key,
                     ParsedSlice {
                         service,
-                        endpoints: parsed.into_iter().collect(),
+                        endpoints: parsed
+                            .into_iter()
+                            .map(|(name, mut eps)| {
+                                eps.shrink_to_fit();
+                                (name, Arc::new(eps))
+                            })
+                            .collect(),
                         trigger_time,
                     },
                 );
@@ -270,21 +277,36 @@ impl ModelTracker {
     /// The endpoints of a service's slices merged like [`build`](super::build)
     /// does: slices in name order, the first of an address and port kept unless a
     /// later one is local.
-    fn merged_endpoints(&self, service: &ObjectKey) -> BTreeMap<ServicePortName, Vec<Endpoint>> {
-        let mut out: BTreeMap<ServicePortName, Vec<Endpoint>> = BTreeMap::new();
+    fn merged_endpoints(
+        &self,
+        service: &ObjectKey,
+    ) -> BTreeMap<ServicePortName, Arc<Vec<Endpoint>>> {
+        let mut out: BTreeMap<ServicePortName, Arc<Vec<Endpoint>>> = BTreeMap::new();
         let Some(names) = self.slices_of.get(service) else {
             return out;
         };
+        let slices: Vec<&ParsedSlice> = names
+            .iter()
+            .filter_map(|slice_name| self.slices.get(&(service.0.clone(), slice_name.clone())))
+            .collect();
+        // One slice (the usual case): its lists are already merged (each
+        // address and port once), and the model shares them.
+        if let [slice] = slices.as_slice() {
+            for (name, eps) in &slice.endpoints {
+                if !eps.is_empty() {
+                    out.insert(name.clone(), Arc::clone(eps));
+                }
+            }
+            return out;
+        }
+        let mut merged: BTreeMap<ServicePortName, Vec<Endpoint>> = BTreeMap::new();
         let mut seen: HashMap<ServicePortName, HashMap<(std::net::IpAddr, u16), usize>> =
             HashMap::new();
-        for slice_name in names.iter() {
-            let Some(slice) = self.slices.get(&(service.0.clone(), slice_name.clone())) else {
-                continue;
-            };
+        for slice in slices {
             for (name, eps) in &slice.endpoints {
-                let list = out.entry(name.clone()).or_default();
+                let list = merged.entry(name.clone()).or_default();
                 let index = seen.entry(name.clone()).or_default();
-                for ep in eps {
+                for ep in eps.iter() {
                     match index.get(&(ep.ip, ep.port)) {
                         None => {
                             index.insert((ep.ip, ep.port), list.len());
@@ -297,10 +319,12 @@ impl ModelTracker {
             }
         }
         // Kept for as long as the service is: no spare capacity.
-        out.retain(|_, v| {
-            v.shrink_to_fit();
-            !v.is_empty()
-        });
+        for (name, mut list) in merged {
+            if !list.is_empty() {
+                list.shrink_to_fit();
+                out.insert(name, Arc::new(list));
+            }
+        }
         out
     }
 

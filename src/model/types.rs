@@ -262,7 +262,8 @@ pub struct ClusterState {
     /// Service ports, per family.
     pub services: BTreeMap<(ServicePortName, IpFamily), ServicePort>,
     /// Endpoints per service port name (both families mixed; filter by address).
-    pub endpoints: BTreeMap<ServicePortName, Vec<Endpoint>>,
+    /// Shared: a service with one EndpointSlice holds the slice's own list.
+    pub endpoints: BTreeMap<ServicePortName, Arc<Vec<Endpoint>>>,
     /// Our node.
     pub node: NodeInfo,
     /// `networking.k8s.io/v1` ServiceCIDRs (`spec.cidrs`), for the unallocated-IP drop.

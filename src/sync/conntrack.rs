@@ -116,7 +116,10 @@ fn service_addrs(svc: &ServicePort) -> Vec<IpAddr> {
         .collect()
 }
 
-fn serving(eps: Option<&Vec<Endpoint>>, family: IpFamily) -> BTreeSet<(IpAddr, u16)> {
+fn serving(
+    eps: Option<&std::sync::Arc<Vec<Endpoint>>>,
+    family: IpFamily,
+) -> BTreeSet<(IpAddr, u16)> {
     eps.map(|eps| {
         eps.iter()
             .filter(|e| e.serving && IpFamily::of(&e.ip) == family)
@@ -276,10 +279,12 @@ mod tests {
         );
         st.endpoints.insert(
             name,
-            endpoints
-                .iter()
-                .map(|e| Endpoint::ready(ip(e), 5353, true))
-                .collect(),
+            std::sync::Arc::new(
+                endpoints
+                    .iter()
+                    .map(|e| Endpoint::ready(ip(e), 5353, true))
+                    .collect(),
+            ),
         );
         st
     }

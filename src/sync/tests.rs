@@ -138,7 +138,7 @@ pub(crate) fn state_of(seeds: &[SvcSeed]) -> ClusterState {
             ipvs_scheduler: None,
         };
         state.services.insert((name.clone(), family), port);
-        let eps = state.endpoints.entry(name).or_default();
+        let eps = std::sync::Arc::make_mut(state.endpoints.entry(name).or_default());
         for (host, local, ready, serving, terminating) in &s.endpoints {
             eps.push(Endpoint {
                 ip: addr(s.v6, 244, *host),
@@ -448,7 +448,7 @@ fn two_endpoint_services(n: usize) -> ClusterState {
                 Endpoint::ready(IpAddr::V4(ip), 8080, j == 0)
             })
             .collect();
-        state.endpoints.insert(name, eps);
+        state.endpoints.insert(name, std::sync::Arc::new(eps));
     }
     state
 }
@@ -630,7 +630,8 @@ fn one_endpoint_change_among_10k_sends_a_constant_handful_and_a_noop_nothing() {
     let commits = syncer.dataplane.commits;
 
     for i in [17, 4242, 9999] {
-        state.endpoints.get_mut(&name(i)).unwrap()[1].ip = IpAddr::V4(Ipv4Addr::new(10, 250, 0, 1));
+        std::sync::Arc::make_mut(state.endpoints.get_mut(&name(i)).unwrap())[1].ip =
+            IpAddr::V4(Ipv4Addr::new(10, 250, 0, 1));
         let (deltas, stats) = renderer.update_changed(&state, &opts(), &[name(i)]);
         assert_eq!(stats.rendered, 1);
         let outcome = syncer.sync_rendered(&renderer, &deltas).unwrap();
@@ -641,12 +642,9 @@ fn one_endpoint_change_among_10k_sends_a_constant_handful_and_a_noop_nothing() {
             BTreeMap::from([("add-element", 2), ("delete-element", 2)]),
             "service {i}"
         );
-        state.endpoints.get_mut(&name(i)).unwrap()[1].ip = IpAddr::V4(Ipv4Addr::new(
-            10,
-            128,
-            ((i * 2 + 1) >> 8) as u8,
-            (i * 2 + 1) as u8,
-        ));
+        std::sync::Arc::make_mut(state.endpoints.get_mut(&name(i)).unwrap())[1].ip = IpAddr::V4(
+            Ipv4Addr::new(10, 128, ((i * 2 + 1) >> 8) as u8, (i * 2 + 1) as u8),
+        );
         renderer.update_changed(&state, &opts(), &[name(i)]);
         syncer.request_full_sync();
         syncer.sync_rendered(&renderer, &[]).unwrap();

@@ -396,7 +396,7 @@ fn contribution(
     let endpoints = state
         .endpoints
         .get(&svc.name)
-        .map(Vec::as_slice)
+        .map(|eps| eps.as_slice())
         .unwrap_or(&[]);
     service_port(&mut scratch, svc, family, endpoints, state, opts);
     Contribution {
@@ -623,7 +623,7 @@ mod tests {
                     Endpoint::ready(IpAddr::V4(ip), 8080, false)
                 })
                 .collect();
-            state.endpoints.insert(name(i), eps);
+            state.endpoints.insert(name(i), std::sync::Arc::new(eps));
         }
         let mut renderer = IpvsRenderer::default();
         renderer.update(&state, &opts);
@@ -632,7 +632,7 @@ mod tests {
         let dumps = ipvs.dataplane().dumps;
         let ops = ipvs.dataplane().log.len();
 
-        state.endpoints.get_mut(&name(4321)).unwrap()[1].ip =
+        std::sync::Arc::make_mut(state.endpoints.get_mut(&name(4321)).unwrap())[1].ip =
             IpAddr::V4(Ipv4Addr::new(10, 250, 0, 1));
         let update = renderer.update_changed(&state, &opts, &[name(4321)]);
         assert_eq!(update.rendered, 1);

@@ -75,7 +75,8 @@ pub(crate) fn state(services: Vec<(ServicePort, Vec<Endpoint>)>) -> ClusterState
     };
     for (svc, eps) in services {
         if !eps.is_empty() {
-            s.endpoints.insert(svc.name.clone(), eps);
+            s.endpoints
+                .insert(svc.name.clone(), std::sync::Arc::new(eps));
         }
         s.services.insert((svc.name.clone(), svc.family), svc);
     }
@@ -624,14 +625,14 @@ fn short_circuit_changes_are_element_deltas() {
         .insert((s.name.clone(), IpFamily::V4), s.clone());
     state1
         .endpoints
-        .insert(s.name.clone(), vec![ep("10.244.9.9", true)]);
+        .insert(s.name.clone(), vec![ep("10.244.9.9", true)].into());
     let mut r = IpvsRenderer::default();
     r.update(&state1, &opts());
     // The local endpoint goes: one drop element added (and its hairpin member
     // gone), no rule, the short-circuit untouched.
     state1
         .endpoints
-        .insert(s.name.clone(), vec![ep("10.244.9.9", false)]);
+        .insert(s.name.clone(), vec![ep("10.244.9.9", false)].into());
     let u = r.update_changed(&state1, &opts(), &[s.name.clone()]);
     assert_eq!(u.rendered, 1);
     assert_eq!(u.nft.len(), 1);
