@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use hashbrown::HashTable;
 use kube_nlproxy_netlink::nft::{Element, KeyValue};
+use smallvec::SmallVec;
 
 use super::SetId;
 use crate::model::ServicePortName;
@@ -34,7 +35,9 @@ pub(super) fn claim_key(set: SetId, key: &[KeyValue]) -> &[KeyValue] {
 #[derive(Debug, Clone)]
 pub(super) struct Claims {
     set: SetId,
-    claims: Vec<(Arc<ServicePortName>, Arc<Element>)>,
+    /// In name order. One claim is the rule: it is kept inline, so a key costs
+    /// no allocation of its own (the bucket is as big as with a `Vec`).
+    claims: SmallVec<[(Arc<ServicePortName>, Arc<Element>); 1]>,
 }
 
 impl Claims {
@@ -63,7 +66,7 @@ impl Claims {
         match self.claims.binary_search_by(|(n, _)| (**n).cmp(&*name)) {
             Ok(i) => self.claims[i].1 = element,
             Err(i) => {
-                // One claim is the rule: no room for four (Vec's first growth).
+                // A second claim spills to the heap: room for exactly it.
                 self.claims.reserve_exact(1);
                 self.claims.insert(i, (name, element))
             }
@@ -132,8 +135,7 @@ impl ClaimsTable {
                 claims
             }
             hashbrown::hash_table::Entry::Vacant(v) => {
-                // `vec!` of one: room for exactly one claim.
-                let claims = vec![(name, element)];
+                let claims = smallvec::smallvec![(name, element)];
                 v.insert(Claims { set, claims }).into_mut()
             }
         }
