@@ -709,34 +709,9 @@ impl<D: Dataplane> Syncer<D> {
             return Ok(false);
         };
         let skeleton = TableSnapshot::from_spec(rendered.skeleton());
-        if cur.chains != skeleton.chains || cur.sets.len() != skeleton.sets.len() {
+        let Some(wanted) = wanted_elements(&cur, &skeleton, rendered) else {
             return Ok(false);
-        }
-        let mut wanted: HashMap<&str, (&Set, Vec<&Element>)> = HashMap::new();
-        for (name, want) in &skeleton.sets {
-            let Some(have) = cur.sets.get(name) else {
-                return Ok(false);
-            };
-            if have.set != want.set {
-                return Ok(false);
-            }
-            wanted.insert(name, (&want.set, want.elements.iter().collect()));
-        }
-        let mut names: HashMap<SetId, &str> = HashMap::new();
-        for (id, element) in rendered.service_elements() {
-            let name = match names.entry(id) {
-                std::collections::hash_map::Entry::Occupied(o) => *o.get(),
-                std::collections::hash_map::Entry::Vacant(v) => {
-                    let Some((name, _)) = skeleton.sets.get_key_value(&id.name()) else {
-                        return Ok(false);
-                    };
-                    *v.insert(name.as_str())
-                }
-            };
-            if let Some((_, elements)) = wanted.get_mut(name) {
-                elements.push(element);
-            }
-        }
+        };
         for (set, elements) in wanted.into_values() {
             // What packets add is not ours to compare.
             if set.flags.dynamic {
@@ -809,43 +784,47 @@ pub const LOOKUP_FROM: usize = 2048;
 /// twice): the caller then compares the built table.
 fn holds_rendered(cur: &TableSnapshot, rendered: &RenderedTable<'_>) -> bool {
     let skeleton = TableSnapshot::from_spec(rendered.skeleton());
-    if cur.chains != skeleton.chains || cur.sets.len() != skeleton.sets.len() {
+    let Some(wanted) = wanted_elements(cur, &skeleton, rendered) else {
         return false;
+    };
+    wanted.into_iter().all(|(name, (_, elements))| {
+        let have = &cur.sets[name].elements;
+        have.len() == elements.len() && elements.iter().all(|e| have.contains(*e))
+    })
+}
+
+/// What `rendered` wants in each of its sets, by name: the skeleton's elements
+/// and the services'. `None` when `cur` (our table as the kernel holds it,
+/// with or without elements) has other chains or set definitions than the
+/// skeleton's.
+fn wanted_elements<'a>(
+    cur: &TableSnapshot,
+    skeleton: &'a TableSnapshot,
+    rendered: &RenderedTable<'a>,
+) -> Option<HashMap<&'a str, (&'a Set, Vec<&'a Element>)>> {
+    if cur.chains != skeleton.chains || cur.sets.len() != skeleton.sets.len() {
+        return None;
     }
-    let mut expected: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut wanted = HashMap::new();
     for (name, want) in &skeleton.sets {
-        let Some(have) = cur.sets.get(name) else {
-            return false;
-        };
-        if have.set != want.set || !want.elements.iter().all(|e| have.elements.contains(e)) {
-            return false;
+        if cur.sets.get(name)?.set != want.set {
+            return None;
         }
-        expected.insert(name, want.elements.len());
+        let elements: Vec<&Element> = want.elements.iter().collect();
+        wanted.insert(name.as_str(), (&want.set, elements));
     }
-    // The set of each id, looked up by name once.
-    let mut sets: HashMap<SetId, (&str, &SetSnapshot, usize)> = HashMap::new();
+    // The name of each set id, made once.
+    let mut names: HashMap<SetId, &str> = HashMap::new();
     for (id, element) in rendered.service_elements() {
-        let entry = match sets.entry(id) {
-            std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+        let name = match names.entry(id) {
+            std::collections::hash_map::Entry::Occupied(o) => *o.get(),
             std::collections::hash_map::Entry::Vacant(v) => {
-                let name = id.name();
-                let Some((name, have)) = cur.sets.get_key_value(&name) else {
-                    return false;
-                };
-                v.insert((name.as_str(), have, 0))
+                *v.insert(skeleton.sets.get_key_value(&id.name())?.0.as_str())
             }
         };
-        if !entry.1.elements.contains(element) {
-            return false;
-        }
-        entry.2 += 1;
+        wanted.get_mut(name)?.1.push(element);
     }
-    for (name, _, n) in sets.into_values() {
-        *expected.entry(name).or_insert(0) += n;
-    }
-    cur.sets
-        .iter()
-        .all(|(name, have)| expected.get(name.as_str()) == Some(&have.elements.len()))
+    Some(wanted)
 }
 
 fn describe_difference(cur: &TableSnapshot, want: &TableSnapshot) -> String {
