@@ -946,14 +946,28 @@ fn element_lookup_finds_each_element_and_names_the_first_unheld() {
             },
         ])
         .unwrap();
-        // The dump (the independent read) holds exactly these.
-        let dumped: BTreeSet<Element> = sock
-            .dump_set_elements(fam, T, &set)
-            .unwrap()
-            .unwrap()
-            .into_iter()
-            .collect();
-        assert_eq!(dumped, held.iter().cloned().collect());
+        // The dump (the independent read) holds exactly these. Right after a
+        // big insert the kernel may still be growing the set's hash table,
+        // and a dump walking it meanwhile can miss or repeat elements (its
+        // walk restarts at every continuation): read until two agree.
+        let want: BTreeSet<Element> = held.iter().cloned().collect();
+        let mut dumped = BTreeSet::new();
+        for _ in 0..50 {
+            dumped = sock
+                .dump_set_elements(fam, T, &set)
+                .unwrap()
+                .unwrap()
+                .into_iter()
+                .collect();
+            if dumped == want {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert!(
+            dumped == want,
+            "the dump never held exactly the elements added"
+        );
 
         let refs: Vec<&Element> = held.iter().collect();
         assert_eq!(sock.find_unheld_element(fam, T, &set, &refs).unwrap(), None);

@@ -325,7 +325,9 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         total += value * factor;
         rest = &rest[unit_end..];
     }
-    Ok(Duration::from_secs_f64(total))
+    // A number too big for a Duration (`1e400h`, or digits enough to overflow
+    // f64) is an error, not a panic.
+    Duration::try_from_secs_f64(total).map_err(|_| format!("duration {s:?} out of range"))
 }
 
 fn parse_list<T: std::str::FromStr>(flag: &str, value: &str) -> Result<Vec<T>, ConfigError>
@@ -731,5 +733,8 @@ mod tests {
         assert_eq!(parse_duration("1h30m").unwrap(), Duration::from_secs(5400));
         assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
         assert!(parse_duration("5").is_err());
+        // Beyond what a Duration holds: an error, not a panic.
+        assert!(parse_duration("99999999999999999999999h").is_err());
+        assert!(parse_duration(&format!("{}s", "9".repeat(400))).is_err());
     }
 }
