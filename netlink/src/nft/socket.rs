@@ -420,10 +420,12 @@ impl Received<'_> {
             return Ok(NetlinkPayload::Noop);
         }
         NetlinkMessage::<NetfilterMessage>::deserialize(self.bytes)
-            .context(format!(
-                "netlink message type {:#06x} seq {}",
-                self.header.message_type, self.header.sequence_number
-            ))
+            .with_context(|| {
+                format!(
+                    "netlink message type {:#06x} seq {}",
+                    self.header.message_type, self.header.sequence_number
+                )
+            })
             .map(|m| m.payload)
             .map_err(|e| NftError::Decode {
                 what: what.to_string(),
@@ -440,7 +442,7 @@ pub(crate) fn split_msgs(b: &[u8]) -> Result<Vec<Received<'_>>, NftError> {
     while i < b.len() {
         let buf = NetlinkBuffer::new_checked(&b[i..])
             .and_then(|buf| NetlinkHeader::parse(&buf))
-            .context(format!("netlink message at offset {i} of {}", b.len()))
+            .with_context(|| format!("netlink message at offset {i} of {}", b.len()))
             .map_err(|e| NftError::Decode {
                 what: "netlink datagram".into(),
                 detail: e.to_string(),
