@@ -694,7 +694,7 @@ impl<'a> RenderedTable<'a> {
     /// whole Services per transaction. Each group is copied as it is taken, so
     /// the caller never holds a copy of every element at once. An element that
     /// several service ports claim comes with the one the kernel gets it from.
-    pub fn service_groups(self) -> impl Iterator<Item = Vec<(String, Element)>> + 'a {
+    pub fn service_groups(self) -> impl Iterator<Item = Vec<(SetId, Element)>> + 'a {
         let family = self.family;
         let mut ports: Vec<(&'a ServicePortName, &'a RenderedService)> =
             family.services.iter().collect();
@@ -716,7 +716,7 @@ impl<'a> RenderedTable<'a> {
                     .and_then(Claims::first)
                     .is_some_and(|first| Arc::ptr_eq(first, element));
                 if in_kernel {
-                    group.push((set.name(), Element::clone(element)));
+                    group.push((*set, Element::clone(element)));
                 }
             }
             Some(group)
@@ -936,7 +936,28 @@ impl FamilyRenderer {
         let old_classes: BTreeSet<Class> = self.classes.keys().copied().collect();
         let old_prefixes: BTreeSet<u8> = self.prefixes.keys().copied().collect();
         let mut lost: BTreeMap<Vec<KeyValue>, BTreeSet<(IpAddr, u16)>> = BTreeMap::new();
-        for name in &dirty {
+        let endpoints_of = |name: &ServicePortName| {
+            state
+                .endpoints
+                .get(name)
+                .map_or(&no_endpoints[..], |eps| eps.as_slice())
+        };
+        // Into an empty table, everything is rendered first so that the claims
+        // table is sized once: growing it key by key rehashed every key some
+        // twenty times (a tenth of a big start's render).
+        let mut rendered_first: Vec<Option<Contribution>> = Vec::new();
+        if fresh {
+            rendered_first = dirty
+                .iter()
+                .map(|name| {
+                    let svc = state.services.get(&(name.clone(), self.ip_family))?;
+                    Some(self.render(svc, endpoints_of(name), &state.node))
+                })
+                .collect();
+            let elements = rendered_first.iter().flatten().map(|c| c.elements.len());
+            self.claims.reserve(elements.sum());
+        }
+        for (i, name) in dirty.iter().enumerate() {
             let old_affinity = match self.services.remove(name) {
                 Some(old) => {
                     self.withdraw(name, &old.contribution, (!fresh).then_some(&mut touched));
@@ -945,11 +966,11 @@ impl FamilyRenderer {
                 None => Vec::new(),
             };
             if let Some(svc) = state.services.get(&(name.clone(), self.ip_family)) {
-                let eps = state
-                    .endpoints
-                    .get(name)
-                    .map_or(&no_endpoints[..], |eps| eps.as_slice());
-                let contribution = self.render(svc, eps, &state.node);
+                let eps = endpoints_of(name);
+                let contribution = match rendered_first.get_mut(i).and_then(Option::take) {
+                    Some(contribution) => contribution,
+                    None => self.render(svc, eps, &state.node),
+                };
                 self.claim(
                     name,
                     &contribution,
@@ -1038,7 +1059,9 @@ impl FamilyRenderer {
             .values_mut()
             .chain(delta.add_elements.values_mut())
         {
-            elements.sort();
+            // One element per key in each list: ordering by key alone is the
+            // element order, without comparing data and comments.
+            elements.sort_unstable_by(|a, b| a.key.cmp(&b.key));
         }
         let stats = RenderStats {
             rendered: dirty.len(),

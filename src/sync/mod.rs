@@ -208,7 +208,10 @@ pub fn cold_start_batches(ops: Vec<Op>, limit: usize) -> Vec<Vec<Op>> {
         return vec![ops];
     }
     let mut first = Vec::new();
-    let mut by_service: BTreeMap<String, ServiceElements> = BTreeMap::new();
+    // Sets by the index of their op's name in `sets`: an element costs no copy
+    // of its set's name and no string comparison on the way.
+    let mut sets: Vec<String> = Vec::new();
+    let mut by_service: BTreeMap<String, ServiceElements<usize>> = BTreeMap::new();
     for op in ops {
         let Op::AddElements {
             family,
@@ -220,14 +223,20 @@ pub fn cold_start_batches(ops: Vec<Op>, limit: usize) -> Vec<Vec<Op>> {
             first.push(op);
             continue;
         };
+        let set_index = sets.len();
         let mut unnamed = Vec::new();
         for e in elements {
-            match e.comment.as_deref().and_then(service_of_comment) {
-                Some(service) => by_service.entry(service.to_string()).or_default().push((
-                    family,
-                    set.clone(),
-                    e,
-                )),
+            let comment = e.comment.clone();
+            match comment.as_deref().and_then(service_of_comment) {
+                Some(service) => {
+                    let entry = (family, set_index, e);
+                    match by_service.get_mut(service) {
+                        Some(elements) => elements.push(entry),
+                        None => {
+                            by_service.insert(service.to_string(), vec![entry]);
+                        }
+                    }
+                }
                 None => unnamed.push(e),
             }
         }
@@ -235,28 +244,38 @@ pub fn cold_start_batches(ops: Vec<Op>, limit: usize) -> Vec<Vec<Op>> {
             first.push(Op::AddElements {
                 family,
                 table,
-                set,
+                set: set.clone(),
                 elements: unnamed,
             });
         }
+        sets.push(set);
     }
-    cold_start_transactions(first, by_service.into_values(), total, limit).collect()
+    cold_start_transactions(
+        first,
+        by_service.into_values(),
+        total,
+        limit,
+        |&i: &usize| sets[i].clone(),
+    )
+    .collect()
 }
 
-/// One Service's elements, each with its family and set name.
-pub type ServiceElements = Vec<(Family, String, Element)>;
+/// One Service's elements, each with its family and set (`S`: the set's name,
+/// or anything that [`cold_start_transactions`] can name it from).
+pub type ServiceElements<S = String> = Vec<(Family, S, Element)>;
 
 /// The transactions of a cold start, built one at a time as they are taken, so
 /// a cold start never holds a copy of every element: `first` (tables, chains,
 /// sets, rules, node-wide elements) alone, then `services` (`total` elements in
 /// all), whole Services, at most `limit` elements per transaction (a bigger
 /// Service gets one of its own). When `total` fits in `limit`, everything is one
-/// transaction.
-pub fn cold_start_transactions(
+/// transaction. `set_name` names a set once per transaction, not per element.
+pub fn cold_start_transactions<S: Ord>(
     first: Vec<Op>,
-    services: impl Iterator<Item = ServiceElements>,
+    services: impl Iterator<Item = ServiceElements<S>>,
     total: usize,
     limit: usize,
+    set_name: impl Fn(&S) -> String,
 ) -> impl Iterator<Item = Vec<Op>> {
     let together = total <= limit;
     let mut first = Some(first);
@@ -267,7 +286,7 @@ pub fn cold_start_transactions(
             Some(first) => first,
             None => Vec::new(),
         };
-        let mut per_set: BTreeMap<(Family, String), Vec<Element>> = BTreeMap::new();
+        let mut per_set: BTreeMap<(Family, S), Vec<Element>> = BTreeMap::new();
         let mut size = 0;
         while let Some(service) =
             services.next_if(|s| together || size == 0 || size + s.len() <= limit)
@@ -286,7 +305,7 @@ pub fn cold_start_transactions(
                 .map(|((family, set), elements)| Op::AddElements {
                     family,
                     table: TABLE.to_string(),
-                    set,
+                    set: set_name(&set),
                     elements,
                 }),
         );
@@ -512,6 +531,7 @@ impl<D: Dataplane> Syncer<D> {
             services,
             total,
             COLD_START_BATCH_ELEMENTS,
+            |set: &SetId| set.name(),
         ))?;
         Ok(self.synced(true, counts, deltas))
     }

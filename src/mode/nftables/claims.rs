@@ -102,6 +102,13 @@ impl ClaimsTable {
         self.table.is_empty()
     }
 
+    /// Makes room for `additional` more keys at once.
+    pub(super) fn reserve(&mut self, additional: usize) {
+        let hasher = &self.hasher;
+        self.table
+            .reserve(additional, |c| hasher.hash_one((c.set, c.key())));
+    }
+
     /// Every claimed key's claims, in no particular order.
     pub(super) fn iter(&self) -> impl Iterator<Item = &Claims> {
         self.table.iter()
