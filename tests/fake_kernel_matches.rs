@@ -13,7 +13,7 @@ use kube_nlproxy::model::{
     TrafficDistribution, TrafficPolicy,
 };
 use kube_nlproxy::sync::{Dataplane, FakeKernel, NetlinkDataplane, Syncer};
-use kube_nlproxy_netlink::nft::{Chain, Family, Op};
+use kube_nlproxy_netlink::nft::{Chain, Element, Family, KeyType, KeyValue, Op, Set, SetFlags};
 
 fn in_private_netns<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
     std::thread::spawn(move || {
@@ -216,5 +216,88 @@ fn both_reject_a_bad_transaction_and_keep_nothing_of_it() {
         assert!(f_err.contains("services"), "{f_err}");
         assert_eq!(kernel.dump(Family::Ipv4, TABLE).unwrap(), before);
         assert_eq!(fake.dump(Family::Ipv4, TABLE).unwrap(), before);
+    });
+}
+
+/// Lookups in several big sets go out from two sockets at once; the answers
+/// are the ones one socket gives, and the fake's.
+#[test]
+fn lookups_side_by_side_answer_as_one_socket_and_the_fake_do() {
+    in_private_netns(|| {
+        let fam = Family::Ipv4;
+        let set = |name: &str| Set {
+            name: name.into(),
+            key: vec![KeyType::Ipv4Addr, KeyType::InetProto, KeyType::InetService],
+            verdict_map: false,
+            data: vec![KeyType::Ipv4Addr, KeyType::InetService],
+            flags: SetFlags::default(),
+            timeout_ms: None,
+        };
+        let element = |i: u32| Element {
+            key: vec![
+                KeyValue::Addr(std::net::Ipv4Addr::from(0x0a60_0000 + i).into()),
+                KeyValue::Proto(6),
+                KeyValue::Port(80),
+            ],
+            verdict: None,
+            data: vec![
+                KeyValue::Addr(std::net::Ipv4Addr::from(0x0a01_0000 + i).into()),
+                KeyValue::Port(8080),
+            ],
+            comment: Some(format!("default/svc-{i}:http").into()),
+        };
+        // Enough elements in all for two sockets (more than 20 000).
+        let sizes = [("a", 15_000), ("b", 9_000), ("c", 4_000), ("d", 300)];
+        let held: Vec<(Set, Vec<Element>)> = sizes
+            .iter()
+            .map(|&(name, n)| (set(name), (0..n).map(element).collect()))
+            .collect();
+        let mut ops = vec![Op::AddTable {
+            family: fam,
+            name: TABLE.into(),
+        }];
+        for (set, elements) in &held {
+            ops.push(Op::AddSet {
+                family: fam,
+                table: TABLE.into(),
+                set: set.clone(),
+            });
+            ops.push(Op::AddElements {
+                family: fam,
+                table: TABLE.into(),
+                set: set.name.clone(),
+                elements: elements.clone(),
+            });
+        }
+        let mut kernel = NetlinkDataplane::new().unwrap();
+        let mut fake = FakeKernel::default();
+        kernel.apply(&ops).unwrap();
+        fake.apply(&ops).unwrap();
+
+        // "a" holds all asked; "b" lacks one; "c" holds one with other data;
+        // "d" one with another comment.
+        let absent = element(20_000);
+        let mut other_data = held[2].1[3_999].clone();
+        other_data.data[1] = KeyValue::Port(9090);
+        let mut other_comment = held[3].1[5].clone();
+        other_comment.comment = Some("default/other:http".into());
+        let mut lookups: Vec<(&Set, Vec<&Element>)> = held
+            .iter()
+            .map(|(set, elements)| (set, elements.iter().collect()))
+            .collect();
+        lookups[1].1.insert(8_500, &absent);
+        lookups[2].1[3_999] = &other_data;
+        lookups[3].1[5] = &other_comment;
+        let want = vec![None, Some(8_500), Some(3_999), Some(5)];
+
+        assert_eq!(kernel.find_unheld_elements(fam, &lookups).unwrap(), want);
+        assert_eq!(fake.find_unheld_elements(fam, &lookups).unwrap(), want);
+        let one_by_one: Vec<Option<usize>> = lookups
+            .iter()
+            .map(|(set, elements)| kernel.find_unheld_element(fam, set, elements).unwrap())
+            .collect();
+        assert_eq!(one_by_one, want);
+        // Again, on the sockets as they are now (the second one is reused).
+        assert_eq!(kernel.find_unheld_elements(fam, &lookups).unwrap(), want);
     });
 }

@@ -78,12 +78,28 @@ pub trait Dataplane {
         set: &Set,
         elements: &[&Element],
     ) -> Result<Option<usize>, SyncError>;
+    /// [`find_unheld_element`](Self::find_unheld_element) for several sets of
+    /// one family, in the order given. The default asks one set after another;
+    /// the kernel answers lookups side by side, so [`NetlinkDataplane`] asks
+    /// from two sockets at once when there is much to look up.
+    fn find_unheld_elements(
+        &mut self,
+        family: Family,
+        lookups: &[(&Set, Vec<&Element>)],
+    ) -> Result<Vec<Option<usize>>, SyncError> {
+        lookups
+            .iter()
+            .map(|(set, elements)| self.find_unheld_element(family, set, elements))
+            .collect()
+    }
 }
 
-/// The kernel, over one NETLINK_NETFILTER socket.
+/// The kernel, over one NETLINK_NETFILTER socket (and a second one, opened
+/// when first needed, for lookups side by side).
 #[derive(Debug)]
 pub struct NetlinkDataplane {
     socket: NftSocket,
+    second: Option<NftSocket>,
 }
 
 impl NetlinkDataplane {
@@ -91,8 +107,35 @@ impl NetlinkDataplane {
     pub fn new() -> Result<Self, SyncError> {
         Ok(NetlinkDataplane {
             socket: NftSocket::new().map_err(SyncError::Socket)?,
+            second: None,
         })
     }
+}
+
+/// Lookups of at least this many elements in all are split between two
+/// sockets on two threads (below it a thread costs more than it saves).
+const PARALLEL_LOOKUP_FROM: usize = 20_000;
+
+/// The lookups `which` (indices into `lookups`) on `socket`, one after another.
+fn look_up_on(
+    socket: &mut NftSocket,
+    family: Family,
+    lookups: &[(&Set, Vec<&Element>)],
+    which: &[usize],
+) -> Result<Vec<(usize, Option<usize>)>, SyncError> {
+    which
+        .iter()
+        .map(|&i| {
+            let (set, elements) = &lookups[i];
+            socket
+                .find_unheld_element(family, TABLE, set, elements)
+                .map(|unheld| (i, unheld))
+                .map_err(|source| SyncError::DumpFailed {
+                    family: family.nft_name(),
+                    source,
+                })
+        })
+        .collect()
 }
 
 impl NetlinkDataplane {
@@ -169,6 +212,66 @@ impl Dataplane for NetlinkDataplane {
                 family: family.nft_name(),
                 source,
             })
+    }
+
+    /// Two halves by element count (the biggest sets first, each to the
+    /// lighter half), one on each socket. The second socket is opened on this
+    /// thread, so it is in the same network namespace as the first. Lookups
+    /// run under RCU in the kernel, so the halves do not wait for each other.
+    fn find_unheld_elements(
+        &mut self,
+        family: Family,
+        lookups: &[(&Set, Vec<&Element>)],
+    ) -> Result<Vec<Option<usize>>, SyncError> {
+        let all: Vec<usize> = (0..lookups.len()).collect();
+        let total: usize = lookups.iter().map(|(_, e)| e.len()).sum();
+        if lookups.len() < 2 || total < PARALLEL_LOOKUP_FROM {
+            return Ok(look_up_on(&mut self.socket, family, lookups, &all)?
+                .into_iter()
+                .map(|(_, unheld)| unheld)
+                .collect());
+        }
+        let mut by_size = all.clone();
+        by_size.sort_by_key(|&i| std::cmp::Reverse(lookups[i].1.len()));
+        let (mut mine, mut theirs) = (Vec::new(), Vec::new());
+        let (mut my_load, mut their_load) = (0, 0);
+        for i in by_size {
+            if my_load <= their_load {
+                my_load += lookups[i].1.len();
+                mine.push(i);
+            } else {
+                their_load += lookups[i].1.len();
+                theirs.push(i);
+            }
+        }
+        let second = match &mut self.second {
+            Some(second) => second,
+            None => self
+                .second
+                .insert(NftSocket::new().map_err(SyncError::Socket)?),
+        };
+        let socket = &mut self.socket;
+        let (my_answers, their_answers) = std::thread::scope(|scope| {
+            let helper = std::thread::Builder::new()
+                .name("nft-lookup".into())
+                .spawn_scoped(scope, || look_up_on(second, family, lookups, &theirs));
+            match helper {
+                Ok(helper) => {
+                    let mine = look_up_on(socket, family, lookups, &mine);
+                    let theirs = helper
+                        .join()
+                        .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+                    (mine, theirs)
+                }
+                // No thread to be had: all of it here, one after another.
+                Err(_) => (look_up_on(socket, family, lookups, &all), Ok(Vec::new())),
+            }
+        });
+        let mut unheld = vec![None; lookups.len()];
+        for (i, answer) in my_answers?.into_iter().chain(their_answers?) {
+            unheld[i] = answer;
+        }
+        Ok(unheld)
     }
 }
 
@@ -732,28 +835,27 @@ impl<D: Dataplane> Syncer<D> {
         let Some(wanted) = wanted_elements(&cur, &skeleton, rendered) else {
             return Ok(false);
         };
+        let mut lookups = Vec::new();
         for (set, elements) in wanted.into_values() {
             // What packets add is not ours to compare.
             if set.flags.dynamic {
                 continue;
             }
-            let held = if elements.len() <= LOOKUP_FROM {
-                let Some(have) = self.dataplane.dump_set_elements(family, set)? else {
-                    return Ok(false);
-                };
-                let have: std::collections::HashSet<&Element> = have.iter().collect();
-                have.len() == elements.len() && elements.iter().all(|e| have.contains(e))
-            } else {
+            if elements.len() > LOOKUP_FROM {
                 tracing::debug!(set = %set.name, elements = elements.len(), "read back by lookup");
-                self.dataplane
-                    .find_unheld_element(family, set, &elements)?
-                    .is_none()
+                lookups.push((set, elements));
+                continue;
+            }
+            let Some(have) = self.dataplane.dump_set_elements(family, set)? else {
+                return Ok(false);
             };
-            if !held {
+            let have: std::collections::HashSet<&Element> = have.iter().collect();
+            if have.len() != elements.len() || !elements.iter().all(|e| have.contains(e)) {
                 return Ok(false);
             }
         }
-        Ok(true)
+        let unheld = self.dataplane.find_unheld_elements(family, &lookups)?;
+        Ok(unheld.iter().all(Option::is_none))
     }
 
     /// Reads the kernel back and says which tables differ from `desired`.
@@ -910,6 +1012,14 @@ impl<D: Dataplane + ?Sized> Dataplane for &mut D {
         elements: &[&Element],
     ) -> Result<Option<usize>, SyncError> {
         (**self).find_unheld_element(family, set, elements)
+    }
+
+    fn find_unheld_elements(
+        &mut self,
+        family: Family,
+        lookups: &[(&Set, Vec<&Element>)],
+    ) -> Result<Vec<Option<usize>>, SyncError> {
+        (**self).find_unheld_elements(family, lookups)
     }
 
     fn dump_skeleton(
