@@ -224,12 +224,15 @@ impl Dataplane for NetlinkDataplane {
         lookups: &[(&Set, Vec<&Element>)],
     ) -> Result<Vec<Option<usize>>, SyncError> {
         let all: Vec<usize> = (0..lookups.len()).collect();
-        let total: usize = lookups.iter().map(|(_, e)| e.len()).sum();
-        if lookups.len() < 2 || total < PARALLEL_LOOKUP_FROM {
-            return Ok(look_up_on(&mut self.socket, family, lookups, &all)?
+        let on_one_socket = |socket: &mut NftSocket| -> Result<Vec<Option<usize>>, SyncError> {
+            Ok(look_up_on(socket, family, lookups, &all)?
                 .into_iter()
                 .map(|(_, unheld)| unheld)
-                .collect());
+                .collect())
+        };
+        let total: usize = lookups.iter().map(|(_, e)| e.len()).sum();
+        if lookups.len() < 2 || total < PARALLEL_LOOKUP_FROM {
+            return on_one_socket(&mut self.socket);
         }
         let mut by_size = all.clone();
         by_size.sort_by_key(|&i| std::cmp::Reverse(lookups[i].1.len()));
@@ -244,17 +247,20 @@ impl Dataplane for NetlinkDataplane {
                 theirs.push(i);
             }
         }
-        let second = match &mut self.second {
-            Some(second) => second,
-            None => self
-                .second
-                .insert(NftSocket::new().map_err(SyncError::Socket)?),
+        let mut second = match self.second.take().map_or_else(NftSocket::new, Ok) {
+            Ok(second) => second,
+            // No second socket to be had (say, out of descriptors): all of it
+            // on the one.
+            Err(e) => {
+                tracing::debug!("lookups on one socket: opening a second failed: {e}");
+                return on_one_socket(&mut self.socket);
+            }
         };
         let socket = &mut self.socket;
         let (my_answers, their_answers) = std::thread::scope(|scope| {
             let helper = std::thread::Builder::new()
                 .name("nft-lookup".into())
-                .spawn_scoped(scope, || look_up_on(second, family, lookups, &theirs));
+                .spawn_scoped(scope, || look_up_on(&mut second, family, lookups, &theirs));
             match helper {
                 Ok(helper) => {
                     let mine = look_up_on(socket, family, lookups, &mine);
@@ -267,6 +273,7 @@ impl Dataplane for NetlinkDataplane {
                 Err(_) => (look_up_on(socket, family, lookups, &all), Ok(Vec::new())),
             }
         });
+        self.second = Some(second);
         let mut unheld = vec![None; lookups.len()];
         for (i, answer) in my_answers?.into_iter().chain(their_answers?) {
             unheld[i] = answer;
