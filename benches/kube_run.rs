@@ -13,6 +13,10 @@
 //! interval's; the nf_tables commits in between are counted.
 //!
 //!   cargo bench --bench kube_run -- [N]... [--changes K] [--connects C]
+//!
+//! `KUBE_NLPROXY_BIN=PATH` runs that binary instead of cargo's, e.g. the shipped
+//! build: `cargo build --profile dist --bin kube-nlproxy` then
+//! `KUBE_NLPROXY_BIN=target/dist/kube-nlproxy`.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -22,8 +26,6 @@ use std::time::{Duration, Instant};
 use common::apiserver::FakeApiServer;
 use common::{Proxy, Topo, Where, status_kb, unique};
 use serde_json::{Value, json};
-
-const BIN: &str = env!("CARGO_BIN_EXE_kube-nlproxy");
 
 fn service(i: usize) -> Value {
     let ip = format!("10.96.{}.{}", i / 250, 1 + i % 250);
@@ -85,7 +87,7 @@ fn run(n: usize, changes: usize, rounds: usize) -> Option<String> {
     api.write_kubeconfig(&kubeconfig);
     // Syncs as soon as a change arrives (the default 1 s minimum between
     // syncs would measure the rate limit, not the proxy).
-    let mut proxy = Proxy::new(&t, BIN)
+    let mut proxy = Proxy::new(&t, common::proxy_bin())
         .with_kube_source(&kubeconfig)
         .with_args(&["--min-sync-period", "0s"]);
     let node = t.node.clone();
