@@ -306,6 +306,12 @@ pub fn apply(text: &str, mut cfg: Config) -> Result<Config, String> {
                     cfg.ignore_external_ips = b;
                 }
             }
+            // Ours: see `--keep-kube-proxy-state`.
+            "keepKubeProxyState" => {
+                if let Some(b) = r.boolean(&name, v) {
+                    cfg.keep_kube_proxy_state = b;
+                }
+            }
             "oomScoreAdj" => {
                 if let Some(n) = r.int(&name, v) {
                     cfg.oom_score_adj = i32::try_from(n).ok();

@@ -109,6 +109,12 @@ pub struct Config {
     /// `--ignore-external-ips` (ours; file: `ignoreExternalIPs`): serve no
     /// `spec.externalIPs` (CVE-2020-8554, see SECURITY.md).
     pub ignore_external_ips: bool,
+    /// `--keep-kube-proxy-state` (ours; file: `keepKubeProxyState`): leave
+    /// kube-proxy's rules in the kernel instead of removing them after our
+    /// first successful sync.
+    pub keep_kube_proxy_state: bool,
+    /// `cleanup --kube-proxy`: remove kube-proxy's state instead of ours.
+    pub cleanup_kube_proxy: bool,
     /// `--sync-period` (30s)
     pub sync_period: Duration,
     /// `--min-sync-period` (1s)
@@ -174,6 +180,8 @@ impl Default for Config {
             nodeport_addresses: NodePortAddressesFlag::Primary,
             masquerade_all: false,
             ignore_external_ips: false,
+            keep_kube_proxy_state: false,
+            cleanup_kube_proxy: false,
             sync_period: Duration::from_secs(30),
             min_sync_period: Duration::from_secs(1),
             once: false,
@@ -240,6 +248,9 @@ USAGE:
   kube-nlproxy [run] [FLAGS]      the proxy (default)
   kube-nlproxy plan [FLAGS]       print the netlink operations a sync would send
   kube-nlproxy cleanup            delete everything kube-nlproxy created (also --cleanup)
+  kube-nlproxy cleanup --kube-proxy
+                                  delete kube-proxy's rules (its nft tables, its KUBE-*
+                                  iptables chains and the jumps to them), nothing else
   kube-nlproxy explain IP:PORT[/tcp|udp|sctp] [--from SRC_IP] [FLAGS]
                                   where a new connection would go, read from the kernel
                                   (with --source also compared with the desired state).
@@ -262,6 +273,8 @@ FLAGS (kube-proxy names):
   --nodeport-addresses primary|CIDR[,CIDR]   (default primary)
   --masquerade-all                SNAT all traffic sent via service IPs
   --ignore-external-ips           serve no Service spec.externalIPs (CVE-2020-8554)
+  --keep-kube-proxy-state         leave kube-proxy's rules in the kernel (default: remove
+                                  them after the first successful sync)
   --sync-period DURATION          periodic full resync (default 30s)
   --min-sync-period DURATION      minimum time between syncs (default 1s)
   --once                          sync once; exit 0 only if the kernel then matches
@@ -419,6 +432,8 @@ where
         const BOOLS: &[&str] = &[
             "--masquerade-all",
             "--ignore-external-ips",
+            "--keep-kube-proxy-state",
+            "--kube-proxy",
             "--once",
             "--cleanup",
             "--ipvs-strict-arp",
@@ -434,6 +449,15 @@ where
             match flag.as_str() {
                 "--masquerade-all" => cfg.masquerade_all = on,
                 "--ignore-external-ips" => cfg.ignore_external_ips = on,
+                "--keep-kube-proxy-state" => cfg.keep_kube_proxy_state = on,
+                "--kube-proxy" => {
+                    if cfg.command != Command::Cleanup {
+                        return Err(ConfigError::UnknownFlag(
+                            "--kube-proxy (only `cleanup --kube-proxy` takes it)".into(),
+                        ));
+                    }
+                    cfg.cleanup_kube_proxy = on
+                }
                 "--once" => cfg.once = on,
                 "--ipvs-strict-arp" => cfg.ipvs_strict_arp = on,
                 "--conntrack-tcp-be-liberal" => cfg.conntrack.tcp_be_liberal = on,
