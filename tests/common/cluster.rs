@@ -25,9 +25,15 @@ pub struct RealCluster {
 }
 
 impl RealCluster {
-    /// The folder holding the built components (`testenv/build` builds what
-    /// is missing and prints it).
+    /// The folder holding the built components: `$KNP_TESTENV_BIN` (set by
+    /// `scripts/test`, which builds them before any test starts), else
+    /// `testenv/build` builds what is missing and prints it.
     pub fn components_dir() -> String {
+        if let Ok(dir) = std::env::var("KNP_TESTENV_BIN")
+            && !dir.is_empty()
+        {
+            return dir;
+        }
         let out = Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/testenv/build"))
             .output()
             .expect("run testenv/build");
@@ -105,8 +111,9 @@ impl RealCluster {
     /// `kubectl --kubeconfig admin.kubeconfig ARGS` in the cluster's namespace,
     /// with `stdin` as input.
     pub fn kubectl_in(&self, args: &[&str], stdin: &str) -> Output {
+        let kubectl = format!("{}/kubectl", Self::components_dir());
         let mut child = Command::new("ip")
-            .args(["netns", "exec", &self.netns, "kubectl", "--kubeconfig"])
+            .args(["netns", "exec", &self.netns, &kubectl, "--kubeconfig"])
             .arg(self.dir.join("admin.kubeconfig"))
             .args(args)
             .stdin(Stdio::piped())
