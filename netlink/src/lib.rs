@@ -10,3 +10,4 @@ pub mod ipvs;
 pub mod link;
 pub mod nft;
 mod sock;
+pub mod xtables;
