@@ -19,7 +19,9 @@ use crate::serve::{
     self, Metrics, NodeEligibility, ProxyHealth, ServiceHealthServer, TrafficPolicy as Policy,
 };
 use crate::source::{ObjectChanges, ObjectSource, Objects};
+use crate::sync::kube_proxy::{self, KubeProxyState};
 use crate::sync::runner::{BoundedFrequencyRunner, RunReason};
+use kube_nlproxy_netlink::nft::NftSocket;
 
 /// How often the kernel is checked for changes to our objects.
 pub const DRIFT_CHECK: Duration = Duration::from_secs(1);
@@ -356,6 +358,126 @@ impl<M: Mode, H: Host> Daemon<'_, M, H> {
     }
 }
 
+/// kube-proxy's leftovers (see [`crate::sync::kube_proxy`]): removed right after
+/// our first successful sync unless `--keep-kube-proxy-state`, then watched. A
+/// kube-proxy that comes back (`kubeadm upgrade` re-installs its DaemonSet) is
+/// reported as soon as the nf_tables generation moves, and at each periodic sync
+/// (iptables-legacy has no generation).
+struct KubeProxyWatch {
+    keep: bool,
+    /// Its own socket: the mode's belongs to the sync.
+    sock: Option<NftSocket>,
+    first_sync_done: bool,
+    generation: Option<u32>,
+    looked: bool,
+    present: KubeProxyState,
+}
+
+impl KubeProxyWatch {
+    fn new(keep: bool) -> Self {
+        KubeProxyWatch {
+            keep,
+            sock: None,
+            first_sync_done: false,
+            generation: None,
+            looked: false,
+            present: KubeProxyState::default(),
+        }
+    }
+
+    fn sock(&mut self) -> Option<&mut NftSocket> {
+        if self.sock.is_none() {
+            match NftSocket::new() {
+                Ok(s) => self.sock = Some(s),
+                Err(e) => {
+                    tracing::debug!("kube-proxy state: no nf_tables socket: {e}");
+                    return None;
+                }
+            }
+        }
+        self.sock.as_mut()
+    }
+
+    /// After a successful sync: the first one removes kube-proxy's state (or
+    /// reports it when kept); a periodic one looks again.
+    fn synced(&mut self, periodic: bool, metrics: &Metrics) {
+        if self.first_sync_done && !periodic {
+            return;
+        }
+        let first = !self.first_sync_done;
+        self.first_sync_done = true;
+        if first && !self.keep {
+            let Some(sock) = self.sock() else { return };
+            match kube_proxy::remove(sock) {
+                Ok(removed) if removed.is_empty() => {}
+                Ok(removed) => {
+                    tracing::info!(
+                        "removed kube-proxy's state after our first sync: {}",
+                        removed.summary()
+                    );
+                    metrics.status.kube_proxy_state_removed(removed.summary());
+                }
+                Err(e) => tracing::warn!(
+                    "could not remove kube-proxy's state: {}",
+                    crate::ErrorChain(&e)
+                ),
+            }
+        }
+        self.look(metrics);
+    }
+
+    /// On each drift tick: looks again when the nf_tables generation moved.
+    fn tick(&mut self, metrics: &Metrics) {
+        if !self.first_sync_done {
+            return;
+        }
+        let Some(sock) = self.sock() else { return };
+        let Ok(generation) = sock.generation() else {
+            return;
+        };
+        if self.generation != Some(generation) {
+            self.look(metrics);
+        }
+    }
+
+    fn look(&mut self, metrics: &Metrics) {
+        let Some(sock) = self.sock() else { return };
+        let generation = sock.generation().ok();
+        let found = match kube_proxy::detect(sock) {
+            Ok(found) => found,
+            Err(e) => {
+                tracing::debug!("kube-proxy state: {}", crate::ErrorChain(&e));
+                return;
+            }
+        };
+        self.generation = generation;
+        let first_look = !self.looked;
+        self.looked = true;
+        if found != self.present && !found.is_empty() {
+            if self.keep && first_look {
+                tracing::warn!(
+                    "kube-proxy's state is in the kernel ({}), kept as --keep-kube-proxy-state \
+                     asks: it hooks at the priorities of ours and serves Services we no \
+                     longer do; `kube-nlproxy cleanup --kube-proxy` removes it",
+                    found.summary()
+                );
+            } else {
+                tracing::warn!(
+                    "kube-proxy's state appeared in the kernel ({}): is kube-proxy running \
+                     beside us (kubeadm upgrade re-installs its DaemonSet)? Its rules act on \
+                     traffic we do not NAT; `kube-nlproxy cleanup --kube-proxy` removes them",
+                    found.summary()
+                );
+            }
+        }
+        metrics.set_kube_proxy_state(found.counts());
+        metrics
+            .status
+            .set_kube_proxy_state((!found.is_empty()).then(|| found.summary()));
+        self.present = found;
+    }
+}
+
 fn bind_address(flag: &str, what: &str) -> Option<SocketAddr> {
     if flag.is_empty() || flag == "0" {
         return None;
@@ -369,36 +491,52 @@ fn bind_address(flag: &str, what: &str) -> Option<SocketAddr> {
     }
 }
 
-/// Runs the proxy on `source` until SIGTERM/SIGINT.
+/// The health and metrics servers: up from the first second of `run`, before
+/// the API is reached (a kubelet's liveness probe must not kill a proxy that
+/// waits for an unreachable API server).
+pub struct SideChannels {
+    /// `/healthz`, `/livez` and the health-check node ports read it.
+    pub health: Arc<ProxyHealth>,
+    /// `/metrics`, `/status`.
+    pub metrics: Arc<Metrics>,
+}
+
+impl SideChannels {
+    /// Starts the servers of `--healthz-bind-address` and `--metrics-bind-address`.
+    /// `/livez` answers 200 at once; `/healthz` 503 until the first sync.
+    pub fn start(cfg: &Config, mode: &'static str) -> SideChannels {
+        let health = Arc::new(ProxyHealth::new(cfg.sync_period));
+        let metrics = Arc::new(Metrics::new());
+        if let Some(addr) = bind_address(&cfg.healthz_bind_address, "--healthz-bind-address") {
+            let (h, m) = (health.clone(), metrics.clone());
+            tokio::spawn(async move {
+                if let Err(e) = serve::serve_health(addr, h, m).await {
+                    tracing::error!("health server on {addr}: {e}");
+                }
+            });
+        }
+        if let Some(addr) = bind_address(&cfg.metrics_bind_address, "--metrics-bind-address") {
+            let m = metrics.clone();
+            tokio::spawn(async move {
+                if let Err(e) = serve::serve_metrics(addr, m, mode).await {
+                    tracing::error!("metrics server on {addr}: {e}");
+                }
+            });
+        }
+        metrics.set_last_queued_now();
+        SideChannels { health, metrics }
+    }
+}
+
+/// Runs the proxy on `source` until SIGTERM/SIGINT, reporting through `side`
+/// (started before the source, see [`SideChannels::start`]).
 pub async fn run<M: Mode, H: Host>(
     cfg: &Config,
     source: &dyn ObjectSource,
     driver: &mut Driver<M, H>,
+    side: SideChannels,
 ) -> Result<(), DaemonError> {
-    let mode = driver.mode().name();
-    let health = Arc::new(ProxyHealth::new(cfg.sync_period));
-    let metrics = Arc::new(Metrics::new());
-    if let Some(addr) = bind_address(&cfg.healthz_bind_address, "--healthz-bind-address") {
-        let (h, m) = (health.clone(), metrics.clone());
-        tokio::spawn(async move {
-            if let Err(e) = serve::serve_health(addr, h, m).await {
-                tracing::error!("health server on {addr}: {e}");
-            }
-        });
-    }
-    if let Some(addr) = bind_address(&cfg.metrics_bind_address, "--metrics-bind-address") {
-        let m = metrics.clone();
-        tokio::spawn(async move {
-            if let Err(e) = serve::serve_metrics(addr, m, mode).await {
-                tracing::error!("metrics server on {addr}: {e}");
-            }
-        });
-    }
-    // Like kube-proxy's SyncLoop: healthy from the start, until an update waits
-    // too long.
-    health.updated();
-    metrics.set_last_queued_now();
-
+    let SideChannels { health, metrics } = side;
     let mut daemon = Daemon {
         driver,
         health: health.clone(),
@@ -437,6 +575,7 @@ pub async fn run<M: Mode, H: Host>(
     // Something else may change our objects: a cheap check every second (one
     // request while the ruleset generation stands still), a full sync when it
     // finds drift.
+    let mut kube_proxy_watch = KubeProxyWatch::new(cfg.keep_kube_proxy_state);
     let mut drift_check = tokio::time::interval(DRIFT_CHECK);
     drift_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -450,6 +589,9 @@ pub async fn run<M: Mode, H: Host>(
             let changes = daemon.changes_of(source);
             let ok = daemon.sync(changes).await;
             runner.ran(now, ok);
+            if ok {
+                kube_proxy_watch.synced(reason == RunReason::Periodic, &metrics);
+            }
             continue;
         }
         tokio::select! {
@@ -462,7 +604,10 @@ pub async fn run<M: Mode, H: Host>(
                 runner.request();
             }
             _ = tokio::time::sleep_until(runner.next_deadline(now)) => {}
-            _ = drift_check.tick() => match daemon.driver.check_drift() {
+            _ = drift_check.tick() => match {
+                kube_proxy_watch.tick(&metrics);
+                daemon.driver.check_drift()
+            } {
                 Ok(false) => {}
                 Ok(true) => {
                     tracing::warn!("our kernel objects were changed by someone else; repairing");
@@ -482,7 +627,8 @@ pub async fn run<M: Mode, H: Host>(
     }
 }
 
-async fn shutdown_signal() {
+/// Resolves at SIGTERM or SIGINT.
+pub async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};
     match signal(SignalKind::terminate()) {
         Ok(mut term) => {

@@ -39,6 +39,9 @@ pub enum ProxierError {
     /// A sync failed.
     #[error("sync")]
     Driver(#[from] DriverError),
+    /// Finding or removing kube-proxy's state (`cleanup --kube-proxy`).
+    #[error("kube-proxy's state")]
+    KubeProxyState(#[from] crate::sync::kube_proxy::KubeProxyStateError),
     /// A command's argument is not usable.
     #[error("{0}")]
     Argument(String),
@@ -134,6 +137,14 @@ fn plan_with<M: Mode, H: Host>(
 
 /// `kube-nlproxy cleanup`: delete what either mode made.
 pub fn cleanup(cfg: &Config) -> Result<(), ProxierError> {
+    if cfg.cleanup_kube_proxy {
+        // `cleanup --kube-proxy`: kube-proxy's state only, never ours.
+        let mut sock =
+            kube_nlproxy_netlink::nft::NftSocket::new().map_err(SyncError::Socket)?;
+        let removed = crate::sync::kube_proxy::remove(&mut sock)?;
+        println!("removed kube-proxy's state: {}", removed.summary());
+        return Ok(());
+    }
     let mut nft = nftables_driver(cfg)?;
     let n = nft.cleanup()?;
     tracing::info!("cleanup: deleted {n} table(s)");
@@ -180,10 +191,51 @@ async fn start_source(
                 node_name: node.clone(),
             };
             let client = kube_source::client(&kcfg).await?;
-            let source = KubeSource::start_with(client.clone(), &node, retention).await?;
+            // The daemon waits for its API server; a command (`plan`, `--once`)
+            // reports the failure.
+            let daemon = cfg.command == crate::config::Command::Run && !cfg.once;
+            let source = if daemon {
+                start_kube_retrying(&client, &node, retention).await?
+            } else {
+                KubeSource::start_with(client.clone(), &node, retention).await?
+            };
             tokio::spawn(async move { kube_source::post_starting_event(&client, &node).await });
             Ok(Box::new(source))
         }
+    }
+}
+
+/// Starts the kube source; an unreachable or failing API server is retried with
+/// backoff (1 s doubling to 30 s), one warning per attempt, never fatal: a node's
+/// proxy often starts before its API server is reachable (a reboot, a new node,
+/// a control plane that restarts).
+async fn start_kube_retrying(
+    client: &::kube::Client,
+    node: &str,
+    retention: Retention,
+) -> Result<KubeSource, ProxierError> {
+    let mut delay = Duration::from_secs(1);
+    let mut attempt = 1u32;
+    loop {
+        match KubeSource::start_with(client.clone(), node, retention).await {
+            Ok(source) => {
+                if attempt > 1 {
+                    tracing::info!(attempt, "the API server answered; watching");
+                }
+                return Ok(source);
+            }
+            Err(e) => {
+                tracing::warn!(
+                    attempt,
+                    retry_in = ?delay,
+                    "cannot reach the API server yet: {}",
+                    crate::ErrorChain(&e)
+                );
+            }
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_secs(30));
+        attempt += 1;
     }
 }
 
@@ -269,8 +321,16 @@ async fn run_with<M: Mode, H: Host>(
     driver.host_mut().apply_conntrack_settings(&cfg.conntrack);
     // oom_score_adj was written by main, with CAP_SYS_RESOURCE, before the
     // capabilities were dropped.
-    let source = start_source(cfg, Retention::Changes).await?;
-    Ok(crate::daemon::run(cfg, source.as_ref(), &mut driver).await?)
+    // /livez answers from the first second, also while the API is unreachable.
+    let side = crate::daemon::SideChannels::start(cfg, driver.mode().name());
+    let source = tokio::select! {
+        source = start_source(cfg, Retention::Changes) => source?,
+        _ = crate::daemon::shutdown_signal() => {
+            tracing::info!("terminating before the first sync; the dataplane stays as it is");
+            return Ok(());
+        }
+    };
+    Ok(crate::daemon::run(cfg, source.as_ref(), &mut driver, side).await?)
 }
 
 /// `IP:PORT[/tcp|udp|sctp]` (IPv6 as `[ADDR]:PORT`): address, protocol
@@ -660,6 +720,8 @@ pub async fn status(cfg: &Config) -> Result<(), ProxierError> {
         }
         tables.push(t);
     }
+    // kube-proxy's leftovers act on traffic we do not NAT: say so.
+    let kube_proxy = crate::sync::kube_proxy::detect(&mut sock)?;
     let ipvs = match cfg.mode {
         ProxyMode::Ipvs => Some(kernel_ipvs_status()?),
         ProxyMode::Nftables => None,
@@ -691,6 +753,7 @@ pub async fn status(cfg: &Config) -> Result<(), ProxierError> {
                 ipvs: Option<&'a KernelIpvsStatus>,
                 #[serde(skip_serializing_if = "Option::is_none")]
                 drift: Option<&'a [String]>,
+                kube_proxy_state: &'a crate::sync::kube_proxy::KubeProxyState,
             }
             println!(
                 "{}",
@@ -699,6 +762,7 @@ pub async fn status(cfg: &Config) -> Result<(), ProxierError> {
                     kernel: &tables,
                     ipvs: ipvs.as_ref(),
                     drift: drift.as_deref(),
+                    kube_proxy_state: &kube_proxy,
                 })
                 .unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
             );
@@ -743,6 +807,16 @@ pub async fn status(cfg: &Config) -> Result<(), ProxierError> {
                     "no daemon answers on {} (/status); from the kernel only:",
                     cfg.metrics_bind_address
                 ),
+            }
+            if kube_proxy.is_empty() {
+                println!("kube-proxy state: none");
+            } else {
+                println!(
+                    "kube-proxy state: {} — it hooks at the priorities of ours and \
+                     still serves Services we no longer do; remove it with \
+                     `kube-nlproxy cleanup --kube-proxy`",
+                    kube_proxy.summary()
+                );
             }
             for t in &tables {
                 if !t.exists {

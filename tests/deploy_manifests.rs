@@ -133,6 +133,31 @@ fn daemonset_flags_parse_with_the_binarys_parser() {
     );
     assert_eq!(cfg.healthz_bind_address, "0.0.0.0:10256");
 
+    // Bootstrap: the API is reached at the control-plane endpoint through the
+    // ConfigMap's kubeconfig (mounted beside config.conf), with the
+    // ServiceAccount's projected CA and token, never through a ClusterIP.
+    let kubeconfig_path = cfg.kubeconfig.clone().expect("clientConnection.kubeconfig");
+    assert_eq!(
+        kubeconfig_path,
+        std::path::Path::new(&mount.mount_path).join("kubeconfig.conf")
+    );
+    let kubeconfig_text = d.configmap.data.as_ref().unwrap()["kubeconfig.conf"].clone();
+    let kubeconfig = kube::config::Kubeconfig::from_yaml(&kubeconfig_text).expect("kubeconfig");
+    let cluster = kubeconfig.clusters[0].cluster.as_ref().unwrap();
+    assert!(
+        cluster.server.as_deref().unwrap().starts_with("https://")
+            && !cluster.server.as_deref().unwrap().contains("10.96."),
+        "{:?}",
+        cluster.server
+    );
+    const SA: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+    assert_eq!(
+        cluster.certificate_authority.as_deref(),
+        Some(&*format!("{SA}/ca.crt"))
+    );
+    let user = kubeconfig.auth_infos[0].auth_info.as_ref().unwrap();
+    assert_eq!(user.token_file.as_deref(), Some(&*format!("{SA}/token")));
+
     // Probes hit the health server's port and paths.
     let live = c
         .liveness_probe

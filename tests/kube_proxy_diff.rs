@@ -25,7 +25,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::cluster::RealCluster;
+use common::cluster::{RealCluster, RealKubeProxy};
 use common::*;
 use serde_json::{Value, json};
 
@@ -38,39 +38,6 @@ const CLUSTER_CIDR: &str = "10.244.0.0/16,fd44::/16";
 const SHORT: Duration = Duration::from_millis(800);
 /// The second external client (not in every `loadBalancerSourceRanges`).
 const EXT2_V4: &str = "10.77.0.101";
-
-/// The real kube-proxy in a node namespace; killed on drop.
-struct KubeProxy {
-    child: Child,
-    log: PathBuf,
-}
-
-impl KubeProxy {
-    fn start(bin_dir: &str, ns: &str, args: &[String]) -> KubeProxy {
-        let log = std::env::temp_dir().join(format!("{}.kube-proxy.log", unique("knp")));
-        let child = Command::new("ip")
-            .args(["netns", "exec", ns])
-            .arg(format!("{bin_dir}/kube-proxy"))
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(fs::File::create(&log).unwrap()))
-            .spawn()
-            .expect("spawn kube-proxy");
-        KubeProxy { child, log }
-    }
-
-    fn log(&self) -> String {
-        fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for KubeProxy {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = fs::remove_file(&self.log);
-    }
-}
 
 /// xorshift64*: a seeded generator, the same states for the same seed.
 struct Rng(u64);
@@ -454,10 +421,11 @@ fn same_outcomes_as_kube_proxy_nftables() {
         "ClusterCIDR".into(),
     ];
     ours.start();
-    let upstream = KubeProxy::start(
+    let upstream = RealKubeProxy::start(
         &bins,
         &t2.node,
         &k.kube_proxy_args("nftables", CLUSTER_CIDR),
+        None,
     );
 
     let mut rng = Rng(seed);

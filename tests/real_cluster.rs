@@ -68,40 +68,8 @@ impl Env {
             &["addr", "add", &format!("{API_ADDR}/24"), "dev", "br0"],
         );
         let k = RealCluster::up(&t.lan, API_ADDR, apiserver_args);
-        for (name, zone, a4, a6) in [
-            (NODE, "zone-a", NODE_V4.to_string(), NODE_V6.to_string()),
-            (
-                REMOTE,
-                "zone-b",
-                REMOTE_V4.to_string(),
-                REMOTE_V6.to_string(),
-            ),
-        ] {
-            k.apply(
-                &json!({
-                    "apiVersion": "v1", "kind": "Node",
-                    "metadata": {"name": name, "labels": {
-                        "topology.kubernetes.io/zone": zone,
-                        "kubernetes.io/hostname": name,
-                    }},
-                })
-                .to_string(),
-            );
-            let status = json!({"status": {"addresses": [
-                {"type": "InternalIP", "address": a4},
-                {"type": "InternalIP", "address": a6},
-                {"type": "Hostname", "address": name},
-            ]}});
-            k.kubectl(&[
-                "patch",
-                "node",
-                name,
-                "--subresource=status",
-                "--type=merge",
-                "-p",
-                &status.to_string(),
-            ]);
-        }
+        k.create_node(NODE, NODE_V4, NODE_V6, Some("zone-a"));
+        k.create_node(REMOTE, REMOTE_V4, REMOTE_V6, Some("zone-b"));
         let proxy = Proxy::new(&t, BIN).with_kube_source(&k.nlproxy_kubeconfig());
         Env { proxy, k, t }
     }
@@ -122,44 +90,12 @@ impl Env {
     /// A Pod object for the test pod `name` (label app=web, on its node), its
     /// status patched Running and Ready with the pod's addresses.
     fn create_pod(&self, name: &str) {
-        let p = self.t.pod(name);
-        self.k.apply(
-            &json!({
-                "apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": name, "namespace": "default", "labels": {"app": "web"}},
-                "spec": {
-                    "nodeName": p.node_name(),
-                    "automountServiceAccountToken": false,
-                    "terminationGracePeriodSeconds": 600,
-                    "containers": [{"name": "c", "image": "none"}],
-                },
-            })
-            .to_string(),
-        );
-        self.set_ready(name, true);
+        self.k.create_pod(self.t.pod(name));
     }
 
     /// Patches the Pod's status: Running, Ready `ready`, the pod's two addresses.
     fn set_ready(&self, name: &str, ready: bool) {
-        let p = self.t.pod(name);
-        let status = json!({"status": {
-            "phase": "Running",
-            "podIP": p.v4.to_string(),
-            "podIPs": [{"ip": p.v4.to_string()}, {"ip": p.v6.to_string()}],
-            "conditions": [
-                {"type": "Ready", "status": if ready { "True" } else { "False" }},
-                {"type": "ContainersReady", "status": if ready { "True" } else { "False" }},
-            ],
-        }});
-        self.k.kubectl(&[
-            "patch",
-            "pod",
-            name,
-            "--subresource=status",
-            "--type=merge",
-            "-p",
-            &status.to_string(),
-        ]);
+        self.k.set_pod_ready(self.t.pod(name), ready);
     }
 
     /// Deletes a Pod: with a grace period (it stays, terminating, as there is no

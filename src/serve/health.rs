@@ -297,14 +297,25 @@ impl ProxyHealth {
 
     /// The `/healthz` response: 503 when the proxier is unhealthy or the node is not
     /// eligible; `nodeEligible` is included.
+    /// Before the first successful sync it is 503 (`healthy: false`): nothing is
+    /// programmed yet, so the pod is not ready and a rollout waits for it.
     pub fn healthz(&self) -> HealthResponse {
         let mut report = self.health();
         let eligible = self.node_eligible();
         report.node_eligible = Some(eligible);
+        if !self.synced() {
+            report.healthy = false;
+        }
         self.respond(report, eligible)
     }
 
-    /// The `/livez` response: like `/healthz` but ignoring the node.
+    /// Whether a sync has succeeded yet.
+    pub fn synced(&self) -> bool {
+        self.state.lock().unwrap().last_updated.is_some()
+    }
+
+    /// The `/livez` response: like `/healthz` but ignoring the node, and 200
+    /// from the start (a proxy waiting for the API server is alive).
     pub fn livez(&self) -> HealthResponse {
         self.respond(self.health(), true)
     }
@@ -340,18 +351,20 @@ mod tests {
     }
 
     #[test]
-    fn fresh_start_is_healthy_without_status() {
+    fn fresh_start_is_alive_but_not_ready() {
         let (clock, h) = fixture();
         h.queued_update();
         clock.step(Duration::from_secs(3600));
-        // Nothing has called updated(): upstream iterates lastUpdatedMap only.
+        // Nothing has called updated() (no sync yet, the API may be unreachable):
+        // /healthz (readiness) is 503, /livez (liveness) 200.
         let r = h.healthz();
-        assert_eq!(r.code, 200);
+        assert_eq!(r.code, 503);
         assert_eq!(
             r.body,
-            r#"{"lastUpdated":"2024-05-01T11:00:00Z","currentTime":"2024-05-01T11:00:00Z","nodeEligible":true,"healthy":true}"#
+            r#"{"lastUpdated":"0001-01-01T00:00:00Z","currentTime":"2024-05-01T11:00:00Z","nodeEligible":true,"healthy":false}"#
         );
         let r = h.livez();
+        assert_eq!(r.code, 200);
         assert_eq!(
             r.body,
             r#"{"lastUpdated":"2024-05-01T11:00:00Z","currentTime":"2024-05-01T11:00:00Z","healthy":true}"#

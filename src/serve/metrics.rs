@@ -146,6 +146,8 @@ struct Inner {
     livez: BTreeMap<u16, u64>,
     netlink_messages: BTreeMap<String, u64>,
     sync_operations: BTreeMap<String, u64>,
+    /// kube-proxy's objects found in the kernel, by backend.
+    kube_proxy_state: BTreeMap<&'static str, u64>,
 }
 
 /// All metrics of the process (shared as `Arc<Metrics>`).
@@ -185,6 +187,7 @@ impl Metrics {
                 livez: BTreeMap::new(),
                 netlink_messages: BTreeMap::new(),
                 sync_operations: BTreeMap::new(),
+                kube_proxy_state: BTreeMap::new(),
             }),
             status: Default::default(),
         };
@@ -331,6 +334,15 @@ impl Metrics {
             .or_insert(0) += n;
     }
 
+    /// `kube_nlproxy_kube_proxy_state_objects{backend}`: kube-proxy's tables or
+    /// chains found in the kernel by the last look (0 once removed).
+    pub fn set_kube_proxy_state(&self, counts: impl IntoIterator<Item = (&'static str, usize)>) {
+        let mut inner = self.inner.lock().unwrap();
+        for (backend, n) in counts {
+            inner.kube_proxy_state.insert(backend, n as u64);
+        }
+    }
+
     /// `kube_nlproxy_sync_operations{op}`: operations of the last sync by kind (as
     /// `sync::op_counts` gives them). Kinds seen before and absent now drop to 0.
     pub fn set_sync_operations<'a>(&self, ops: impl IntoIterator<Item = (&'a str, usize)>) {
@@ -366,6 +378,17 @@ impl Metrics {
                 &[("kind", k)],
                 *v as f64,
             );
+        }
+        if !inner.kube_proxy_state.is_empty() {
+            let name = "kube_nlproxy_kube_proxy_state_objects";
+            w.head(
+                name,
+                "kube-proxy's tables (nftables) or KUBE-* chains (iptables) found in the kernel, by backend",
+                "gauge",
+            );
+            for (backend, n) in &inner.kube_proxy_state {
+                w.sample_named(name, &[("backend", backend)], *n as f64);
+            }
         }
         w.head(
             "kube_nlproxy_sync_operations",

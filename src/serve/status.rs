@@ -31,6 +31,12 @@ pub struct StatusInfo {
     /// Times the drift check found our objects changed by someone else (each
     /// is followed by a repairing full sync).
     pub drift_repairs: u64,
+    /// kube-proxy's state found in the kernel by the last look (`None`: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kube_proxy_state: Option<String>,
+    /// What was removed of kube-proxy's state after the first sync.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kube_proxy_state_removed: Option<String>,
 }
 
 /// Shared status, updated by the daemon and read by the HTTP handler.
@@ -79,6 +85,16 @@ impl Status {
     /// The drift check found a change by someone else.
     pub fn drift_found(&self) {
         self.with(|s| s.drift_repairs += 1)
+    }
+
+    /// kube-proxy's state as last found (`None`: none).
+    pub fn set_kube_proxy_state(&self, present: Option<String>) {
+        self.with(|s| s.kube_proxy_state = present)
+    }
+
+    /// What was removed of kube-proxy's state.
+    pub fn kube_proxy_state_removed(&self, removed: String) {
+        self.with(|s| s.kube_proxy_state_removed = Some(removed))
     }
 
     /// The JSON `/status` serves.

@@ -133,6 +133,7 @@ pub fn op_counts(ops: &[Op]) -> BTreeMap<&'static str, usize> {
             Op::AddChain { .. } => ("add-chain", 1),
             Op::DeleteChain { .. } => ("delete-chain", 1),
             Op::FlushChain { .. } => ("flush-chain", 1),
+            Op::DeleteRule { .. } => ("delete-rule", 1),
             Op::AddRule { .. } => ("add-rule", 1),
             Op::AddSet { .. } => ("add-set", 1),
             Op::DeleteSet { .. } => ("delete-set", 1),

@@ -203,6 +203,12 @@ impl FakeKernel {
                 }
                 Ok(())
             }
+            // Rules by handle are deleted only from tables we do not own, which
+            // the fake never holds: the kernel's answer for an unknown handle.
+            Op::DeleteRule { family, table, .. } => {
+                table_of(self, *family, table)?;
+                Err(ENOENT)
+            }
             Op::AddRule {
                 family,
                 table,

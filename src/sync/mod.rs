@@ -11,6 +11,7 @@ pub mod diff;
 pub mod explain;
 pub mod fake;
 pub mod ipvs;
+pub mod kube_proxy;
 pub mod runner;
 
 use std::collections::{BTreeMap, HashMap};

@@ -196,6 +196,77 @@ impl RealCluster {
         .collect()
     }
 
+    /// A Pod object for the test pod `pod` (label `app=web`, on its node), its
+    /// status patched Running and Ready with the pod's addresses (there is no
+    /// kubelet: the EndpointSlice controller reads this).
+    pub fn create_pod(&self, pod: &super::Pod) {
+        let spec = serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": pod.name, "namespace": "default", "labels": {"app": "web"}},
+            "spec": {
+                "nodeName": pod.node_name(),
+                "automountServiceAccountToken": false,
+                "terminationGracePeriodSeconds": 600,
+                "containers": [{"name": "c", "image": "none"}],
+            },
+        });
+        self.apply(&spec.to_string());
+        self.set_pod_ready(pod, true);
+    }
+
+    /// Patches the Pod's status: Running, Ready `ready`, the pod's two addresses.
+    pub fn set_pod_ready(&self, pod: &super::Pod, ready: bool) {
+        let flag = if ready { "True" } else { "False" };
+        let status = serde_json::json!({"status": {
+            "phase": "Running",
+            "podIP": pod.v4.to_string(),
+            "podIPs": [{"ip": pod.v4.to_string()}, {"ip": pod.v6.to_string()}],
+            "conditions": [
+                {"type": "Ready", "status": flag},
+                {"type": "ContainersReady", "status": flag},
+            ],
+        }});
+        self.kubectl(&[
+            "patch",
+            "pod",
+            &pod.name,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            &status.to_string(),
+        ]);
+    }
+
+    /// Creates our Node object (`NODE`, `NODE_V4`/`NODE_V6` InternalIPs) with
+    /// `labels`.
+    pub fn create_node(&self, name: &str, v4: std::net::Ipv4Addr, v6: std::net::Ipv6Addr, zone: Option<&str>) {
+        let mut labels = serde_json::json!({"kubernetes.io/hostname": name});
+        if let Some(z) = zone {
+            labels["topology.kubernetes.io/zone"] = z.into();
+        }
+        self.apply(
+            &serde_json::json!({
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": name, "labels": labels},
+            })
+            .to_string(),
+        );
+        let status = serde_json::json!({"status": {"addresses": [
+            {"type": "InternalIP", "address": v4.to_string()},
+            {"type": "InternalIP", "address": v6.to_string()},
+            {"type": "Hostname", "address": name},
+        ]}});
+        self.kubectl(&[
+            "patch",
+            "node",
+            name,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            &status.to_string(),
+        ]);
+    }
+
     /// A new token of the kube-nlproxy ServiceAccount (`kubectl create token` ARGS).
     pub fn token(&self, args: &[&str]) -> String {
         let mut v = vec!["create", "token", "-n", "kube-system", "kube-nlproxy"];
@@ -230,6 +301,94 @@ impl Drop for RealCluster {
             .status();
         if std::env::var_os("KNP_KEEP_CLUSTER").is_none() {
             let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// Which iptables kube-proxy's iptables mode runs: the `iptables*` commands it
+/// finds on its PATH are links to these.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IptablesBackend {
+    /// iptables-nft (nf_tables tables `nat`, `filter`, `mangle`).
+    Nft,
+    /// iptables-legacy (x_tables).
+    Legacy,
+}
+
+/// The real kube-proxy in a node namespace; SIGKILLed on drop if still running.
+pub struct RealKubeProxy {
+    child: std::process::Child,
+    log: PathBuf,
+    path_dir: Option<PathBuf>,
+}
+
+impl RealKubeProxy {
+    /// Starts `kube-proxy ARGS` of `bin_dir` in `ns`; with `backend`, its PATH
+    /// leads `iptables`, `iptables-save`, `iptables-restore` and the ip6 ones to
+    /// that backend's commands.
+    pub fn start(
+        bin_dir: &str,
+        ns: &str,
+        args: &[String],
+        backend: Option<IptablesBackend>,
+    ) -> RealKubeProxy {
+        let log = std::env::temp_dir().join(format!("{}.kube-proxy.log", super::unique("knp")));
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", ns])
+            .arg(format!("{bin_dir}/kube-proxy"))
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(std::fs::File::create(&log).unwrap()));
+        let mut path_dir = None;
+        if let Some(backend) = backend {
+            let dir = std::env::temp_dir().join(super::unique("knp-iptables"));
+            std::fs::create_dir_all(&dir).unwrap();
+            let suffix = match backend {
+                IptablesBackend::Nft => "nft",
+                IptablesBackend::Legacy => "legacy",
+            };
+            for base in ["iptables", "ip6tables"] {
+                for tail in ["", "-save", "-restore"] {
+                    let target = format!("/usr/sbin/{base}-{suffix}{tail}");
+                    std::os::unix::fs::symlink(&target, dir.join(format!("{base}{tail}")))
+                        .unwrap();
+                }
+            }
+            let path = format!("{}:{}", dir.display(), std::env::var("PATH").unwrap_or_default());
+            cmd.env("PATH", path);
+            path_dir = Some(dir);
+        }
+        let child = cmd.spawn().expect("spawn kube-proxy");
+        RealKubeProxy {
+            child,
+            log,
+            path_dir,
+        }
+    }
+
+    /// Its log (stderr).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGTERM, as a DaemonSet rollout stops a pod (kube-proxy does no cleanup),
+    /// and waits for the exit.
+    pub fn terminate(&mut self) {
+        // SAFETY: kill(2) on our own child's pid, which has not been reaped yet.
+        unsafe {
+            libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
+        }
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for RealKubeProxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.log);
+        if let Some(dir) = &self.path_dir {
+            let _ = std::fs::remove_dir_all(dir);
         }
     }
 }

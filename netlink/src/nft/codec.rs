@@ -539,6 +539,60 @@ pub(crate) fn flush_chain(table: &str, chain: &str) -> nl::NfTablesMessage {
     ]))
 }
 
+/// `DELRULE { TABLE, CHAIN, HANDLE }`: delete one rule.
+pub(crate) fn delete_rule(table: &str, chain: &str, handle: u64) -> nl::NfTablesMessage {
+    nl::NfTablesMessage::DeleteRule(rule_msg(vec![
+        nl::RuleAttribute::Table(table.to_string()),
+        nl::RuleAttribute::Chain(chain.to_string()),
+        nl::RuleAttribute::Handle(handle),
+    ]))
+}
+
+/// A rule of any table, as far as removing it needs: its place and the chains
+/// its `immediate` verdicts jump to or go to (`-j CHAIN` of iptables-nft, `jump`
+/// and `goto` of nft). Other expressions (`match`, `target` of xtables, …) are
+/// not looked at.
+pub(crate) fn parse_foreign_rule(m: &nl::RuleMessage) -> Option<ForeignRule> {
+    let (mut table, mut chain, mut handle) = (None, None, None);
+    let mut jumps_to = Vec::new();
+    for a in &m.attributes {
+        match a {
+            nl::RuleAttribute::Table(t) => table = Some(t.clone()),
+            nl::RuleAttribute::Chain(c) => chain = Some(c.clone()),
+            nl::RuleAttribute::Handle(h) => handle = Some(*h),
+            nl::RuleAttribute::Expressions(exprs) => {
+                for e in exprs {
+                    let ListAttribute::Element(attrs) = e else {
+                        continue;
+                    };
+                    for attr in attrs {
+                        let ExpressionAttribute::Data(nl::Expressions::Immediate(imm)) = attr
+                        else {
+                            continue;
+                        };
+                        for i in imm {
+                            let nl::Immediate::Data(nl::DataAttribute::Verdict(v)) = i else {
+                                continue;
+                            };
+                            jumps_to.extend(v.iter().filter_map(|v| match v {
+                                nl::VerdictAttribute::Chain(c) => Some(c.clone()),
+                                _ => None,
+                            }));
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    Some(ForeignRule {
+        table: table?,
+        chain: chain?,
+        handle: handle?,
+        jumps_to,
+    })
+}
+
 /// `GETRULE { TABLE }` (dump).
 pub(crate) fn get_rules(table: &str) -> nl::NfTablesMessage {
     nl::NfTablesMessage::GetRule(rule_msg(vec![nl::RuleAttribute::Table(table.to_string())]))

@@ -142,6 +142,18 @@ pub enum Op {
         /// chain name
         name: String,
     },
+    /// `delete rule … handle H`: one rule, by its kernel handle (rules of tables
+    /// we do not own: kube-proxy's jumps in iptables-nft's tables).
+    DeleteRule {
+        /// family
+        family: Family,
+        /// table name
+        table: String,
+        /// chain name
+        chain: String,
+        /// the rule's handle
+        handle: u64,
+    },
     /// `add rule` (appended).
     AddRule {
         /// family
@@ -239,6 +251,16 @@ impl fmt::Display for Op {
                 table,
                 name,
             } => write!(f, "flush chain {} {table} {name}", family.nft_name()),
+            Op::DeleteRule {
+                family,
+                table,
+                chain,
+                handle,
+            } => write!(
+                f,
+                "delete rule {} {table} {chain} handle {handle}",
+                family.nft_name()
+            ),
             Op::AddRule {
                 family,
                 table,
@@ -486,6 +508,12 @@ fn op_messages(op: &Op, set_id: &mut u32) -> (Family, Vec<NfTablesMessage>) {
             table,
             name,
         } => (*family, vec![flush_chain(table, name)]),
+        Op::DeleteRule {
+            family,
+            table,
+            chain,
+            handle,
+        } => (*family, vec![delete_rule(table, chain, *handle)]),
         Op::AddRule {
             family,
             table,
@@ -1122,6 +1150,49 @@ impl NftSocket {
                     comment: r.comment,
                     fingerprint: r.fingerprint,
                 });
+            }
+        }
+        Ok(Some(state))
+    }
+}
+
+impl NftSocket {
+    /// The chains and rules of a table we do not own (`nft -a list table`, without
+    /// sets): `None` when it does not exist. For kube-proxy's state, and for the
+    /// jumps to it in iptables-nft's `nat`, `filter` and `mangle`.
+    pub fn dump_foreign_table(
+        &mut self,
+        family: Family,
+        table: &str,
+    ) -> Result<Option<ForeignTable>, NftError> {
+        match self.request("table", family, &get_table(table)) {
+            Ok(msgs) => {
+                let found = msgs.iter().any(|m| match m {
+                    NfTablesMessage::NewTable(t) => parse_table_name(t) == Some(table),
+                    _ => false,
+                });
+                if !found {
+                    return Ok(None);
+                }
+            }
+            Err(NftError::Dump { errno, .. }) if errno == libc::ENOENT => return Ok(None),
+            Err(e) => return Err(e),
+        }
+        let mut state = ForeignTable::default();
+        for m in self.request("chains", family, &get_chains(table))? {
+            if let NfTablesMessage::NewChain(c) = m
+                && let Some((t, chain)) = parse_chain(&c)
+                && t == table
+            {
+                state.chains.push(chain.name);
+            }
+        }
+        for m in self.request("rules", family, &get_rules(table))? {
+            if let NfTablesMessage::NewRule(r) = m
+                && let Some(r) = parse_foreign_rule(&r)
+                && r.table == table
+            {
+                state.rules.push(r);
             }
         }
         Ok(Some(state))

@@ -615,3 +615,26 @@ pub struct Rule {
     /// Human comment, kept in the rule's userdata like `nft … comment "…"` does.
     pub comment: Option<String>,
 }
+
+/// A rule of a table we do not own (kube-proxy's, iptables-nft's), as far as
+/// removing it needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForeignRule {
+    /// Table name.
+    pub table: String,
+    /// Chain name.
+    pub chain: String,
+    /// The kernel's handle (`nft -a`), to delete it by.
+    pub handle: u64,
+    /// The chains its verdicts jump to or go to.
+    pub jumps_to: Vec<String>,
+}
+
+/// The chains and rules of a table we do not own, without its sets.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ForeignTable {
+    /// Chain names, in the kernel's order.
+    pub chains: Vec<String>,
+    /// Every rule, in the kernel's order.
+    pub rules: Vec<ForeignRule>,
+}
