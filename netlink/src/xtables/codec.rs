@@ -700,14 +700,14 @@ impl Table {
         // Every valid hook's policy must be its chain's last entry: emit puts
         // underflow there.
         for (chain, &last) in chains.iter().zip(&last_at) {
-            if let ChainKind::Builtin { hook } = chain.kind {
-                if last != info.underflow[hook] as usize {
-                    return Err(format!(
-                        "{}: underflow {} is not the chain's last entry",
-                        chain.name, info.underflow[hook]
-                    )
-                    .into());
-                }
+            if let ChainKind::Builtin { hook } = chain.kind
+                && last != info.underflow[hook] as usize
+            {
+                return Err(format!(
+                    "{}: underflow {} is not the chain's last entry",
+                    chain.name, info.underflow[hook]
+                )
+                .into());
             }
         }
 
@@ -1291,6 +1291,108 @@ mod tests {
             }
         }
         chains
+    }
+
+    /// Kernel bytes (see `testdata/README.md` for the rulesets).
+    const NAT_V4_INFO: &[u8] = include_bytes!("testdata/nat_v4.info");
+    const NAT_V4: &[u8] = include_bytes!("testdata/nat_v4.entries");
+    const FILTER_V6_INFO: &[u8] = include_bytes!("testdata/filter_v6.info");
+    const FILTER_V6: &[u8] = include_bytes!("testdata/filter_v6.entries");
+
+    fn kernel_round_trip(family: Family, info: &[u8], blob: &[u8]) -> Table {
+        let info = TableInfo::parse(info).unwrap();
+        assert_eq!(info.size as usize, blob.len());
+        assert_eq!(TableInfo::parse(&info.emit().unwrap()).unwrap(), info);
+        let t = Table::parse(family, &info, blob).unwrap();
+        assert_eq!(t.read_entries, info.num_entries);
+        let e = t.emit().unwrap();
+        assert!(
+            e.entries == blob,
+            "{family:?}: emit differs from the kernel's bytes"
+        );
+        assert_eq!(e.num_entries, info.num_entries);
+        for h in 0..NF_INET_NUMHOOKS {
+            if info.valid_hooks & (1 << h) != 0 {
+                assert_eq!(e.hook_entry[h], info.hook_entry[h]);
+                assert_eq!(e.underflow[h], info.underflow[h]);
+            } else {
+                assert_eq!(info.hook_entry[h], u32::MAX);
+            }
+        }
+        t
+    }
+
+    #[test]
+    fn kernel_nat_v4_round_trips() {
+        let t = kernel_round_trip(Family::Ipv4, NAT_V4_INFO, NAT_V4);
+        assert_eq!(t.name, "nat");
+        assert_eq!(
+            t.chains(),
+            [
+                "PREROUTING",
+                "INPUT",
+                "OUTPUT",
+                "POSTROUTING",
+                "KUBE-SEP-Y",
+                "KUBE-SERVICES",
+                "KUBE-SVC-X"
+            ]
+        );
+        let out = &t.chain("OUTPUT").unwrap().rules;
+        assert_eq!(out[0].jump_target(), Some("KUBE-SERVICES"));
+        assert_eq!(out[0].matches[0].name, "comment");
+        assert_eq!(
+            out[0].counters,
+            Counters {
+                packets: 3,
+                bytes: 180
+            }
+        );
+        assert_eq!(out[1].target, Target::Standard(Verdict::Fallthrough));
+        assert_eq!(
+            out[1].counters,
+            Counters {
+                packets: 2,
+                bytes: 120
+            }
+        );
+        assert!(out[2].is_goto() && out[2].jump_target() == Some("KUBE-SVC-X"));
+        assert_eq!(out[3].target, Target::Standard(Verdict::Accept));
+        let sep = &t.chain("KUBE-SEP-Y").unwrap().rules;
+        assert!(matches!(&sep[0].target, Target::Other { name, .. } if name == "DNAT"));
+        assert_eq!(sep[1].target, Target::Standard(Verdict::Return));
+        let svc = &t.chain("KUBE-SVC-X").unwrap().rules;
+        assert_eq!(svc[0].matches[0].name, "statistic");
+        assert_eq!(svc[0].jump_target(), Some("KUBE-SEP-Y"));
+
+        // Removing KUBE-SVC-X takes the goto and the chain; KUBE-SERVICES'
+        // jump to it goes too, the rest is unchanged.
+        let mut t2 = t.clone();
+        let removed = t2.remove_chains(|c| c == "KUBE-SVC-X");
+        assert_eq!(removed.rules.len(), 2);
+        assert_eq!(t2.chain("KUBE-SEP-Y"), t.chain("KUBE-SEP-Y"));
+        assert_eq!(t2.chain("OUTPUT").unwrap().rules.len(), 3);
+        t2.emit().unwrap();
+    }
+
+    #[test]
+    fn kernel_filter_v6_round_trips() {
+        let t = kernel_round_trip(Family::Ipv6, FILTER_V6_INFO, FILTER_V6);
+        assert_eq!(t.chains(), ["INPUT", "FORWARD", "OUTPUT", "KUBE-FORWARD"]);
+        let fwd = &t.chain("FORWARD").unwrap().rules;
+        assert_eq!(fwd[0].jump_target(), Some("KUBE-FORWARD"));
+        assert!(matches!(&fwd[1].target, Target::Other { name, .. } if name == "LOG"));
+        assert_eq!(fwd[2].target, Target::Standard(Verdict::Drop));
+        assert_eq!(
+            fwd[2].counters,
+            Counters {
+                packets: 5,
+                bytes: 400
+            }
+        );
+        let kf = &t.chain("KUBE-FORWARD").unwrap().rules;
+        assert_eq!(kf[0].matches[0].name, "conntrack");
+        assert_eq!(kf[0].target, Target::Standard(Verdict::Drop));
     }
 
     #[test]
