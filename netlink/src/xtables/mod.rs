@@ -20,10 +20,14 @@
 //!   [`remove_chains`] then reads again and retries. Like `iptables -w`, the
 //!   read-modify-write also holds `/run/xtables.lock`.
 //!
-//! [`codec`] holds the wire codec.
+//! [`codec`] holds the wire codec of entries and requests, [`table`] groups
+//! entries into chains and lays them out again.
 
 pub mod codec;
 mod socket;
+pub mod table;
+#[cfg(test)]
+mod tests;
 
 use std::io;
 use std::time::Duration;
@@ -31,12 +35,12 @@ use std::time::Duration;
 use netlink_packet_core::DecodeError;
 
 pub use self::codec::{
-    Chain, ChainKind, Counters, EmitError, Entry, Family, Match, Removed, RemovedRule, Table,
-    TableInfo, Target, Verdict,
+    Counters, EmitError, Emitted, Entry, Family, Match, TableInfo, Target, Verdict,
 };
-use self::codec::{Emitted, GET_ENTRIES_LEN, add_counters_request, get_entries_request};
+use self::codec::{GET_ENTRIES_LEN, add_counters_request, get_entries_request};
 pub use self::socket::XT_LOCK_PATH;
 use self::socket::{XtLock, XtSocket};
+pub use self::table::{Chain, ChainKind, Removed, RemovedRule, Table};
 
 /// The tables kube-proxy's iptables mode writes to.
 pub const KUBE_PROXY_TABLES: [&str; 3] = ["nat", "filter", "mangle"];
