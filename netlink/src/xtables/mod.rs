@@ -123,8 +123,9 @@ pub enum XtablesError {
         #[source]
         source: DecodeError,
     },
-    /// A table could not be laid out for `IPT_SO_SET_REPLACE`.
-    #[error("{} -t {table}: encoding the table", family.cli())]
+    /// A request could not be encoded (a table name too long), or a table could
+    /// not be laid out for `IPT_SO_SET_REPLACE`.
+    #[error("{} -t {table}: encoding the request", family.cli())]
     Emit {
         /// The family.
         family: Family,
@@ -259,15 +260,22 @@ fn read_table_on(
         let Some((info, blob)) = read_raw_on(sock, family, name)? else {
             return Ok(None);
         };
-        let table = Table::parse(family, &info, &blob).map_err(|source| XtablesError::Decode {
-            context: format!("{} -t {name} entries", family.cli()),
-            source,
-        })?;
-        // Same size, other entries: changed between GET_INFO and GET_ENTRIES.
-        if table.read_entries != info.num_entries && attempt < ATTEMPTS {
-            continue;
+        // A table replaced by one of the same size between GET_INFO and
+        // GET_ENTRIES gives entries that do not fit the info (other hook
+        // offsets or entry count): read both again.
+        match Table::parse(family, &info, &blob) {
+            Ok(t) if t.read_entries == info.num_entries => return Ok(Some(t)),
+            Ok(_) | Err(_) if attempt < ATTEMPTS => continue,
+            // The entries are self-consistent; their count is what a
+            // replace must name.
+            Ok(t) => return Ok(Some(t)),
+            Err(source) => {
+                return Err(XtablesError::Decode {
+                    context: format!("{} -t {name} entries", family.cli()),
+                    source,
+                });
+            }
         }
-        return Ok(Some(table));
     }
 }
 

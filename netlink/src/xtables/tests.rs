@@ -1,5 +1,6 @@
 //! Codec unit tests: a hand-built blob and bytes captured from a kernel.
 
+use super::XtablesError;
 use super::codec::*;
 use super::table::*;
 
@@ -405,4 +406,28 @@ fn bad_blobs_fail_to_parse() {
     let mut bad = blob.clone();
     bad[88..92].fill(0);
     assert!(Table::parse(Family::Ipv4, &info, &bad).is_err());
+}
+
+#[test]
+fn errors_name_the_phase_and_keep_the_source() {
+    use std::error::Error as _;
+    let e = XtablesError::ReplaceFailed {
+        family: Family::Ipv6,
+        table: "nat".to_string(),
+        source: std::io::Error::from_raw_os_error(libc::EAGAIN),
+    };
+    assert_eq!(e.to_string(), "ip6tables -t nat: IPT_SO_SET_REPLACE failed");
+    assert_eq!(e.errno(), Some(libc::EAGAIN));
+    assert_eq!(
+        e.source().unwrap().to_string(),
+        std::io::Error::from_raw_os_error(libc::EAGAIN).to_string()
+    );
+    let (info, blob) = hand_built(Family::Ipv4);
+    let d = Table::parse(Family::Ipv4, &info, &blob[..100]).unwrap_err();
+    let e = XtablesError::Decode {
+        context: "iptables -t filter entries".to_string(),
+        source: d,
+    };
+    assert_eq!(e.to_string(), "decoding iptables -t filter entries");
+    assert!(e.source().is_some());
 }
