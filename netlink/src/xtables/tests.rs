@@ -431,3 +431,86 @@ fn errors_name_the_phase_and_keep_the_source() {
     assert_eq!(e.to_string(), "decoding iptables -t filter entries");
     assert!(e.source().is_some());
 }
+
+mod arbitrary {
+    //! Kernel replies are input too: mutated tables must not panic the parser,
+    //! and whatever parses must emit back to the same bytes.
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::fuzzing::{Mutation, mutate};
+
+    fn seeds() -> Vec<(Family, TableInfo, Vec<u8>)> {
+        let mut v = vec![
+            (
+                Family::Ipv4,
+                TableInfo::parse(NAT_V4_INFO).unwrap(),
+                NAT_V4.to_vec(),
+            ),
+            (
+                Family::Ipv6,
+                TableInfo::parse(FILTER_V6_INFO).unwrap(),
+                FILTER_V6.to_vec(),
+            ),
+        ];
+        for f in [Family::Ipv4, Family::Ipv6] {
+            let (info, blob) = hand_built(f);
+            v.push((f, info, blob));
+        }
+        v
+    }
+
+    fn mutation() -> impl Strategy<Value = Mutation> {
+        let pos = any::<usize>();
+        prop_oneof![
+            4 => pos.prop_map(Mutation::FlipBit),
+            2 => (pos, any::<u8>()).prop_map(|(p, v)| Mutation::SetByte(p, v)),
+            3 => (pos, prop_oneof![Just(0u16), Just(8), Just(32), Just(40), Just(64),
+                    Just(112), Just(168), Just(0xffff), any::<u16>()])
+                .prop_map(|(p, v)| Mutation::SetU16(p, v)),
+            2 => pos.prop_map(Mutation::Truncate),
+            1 => (pos, proptest::collection::vec(any::<u8>(), 1..16))
+                .prop_map(|(p, b)| Mutation::Insert(p, b)),
+            1 => (pos, 1usize..16).prop_map(|(p, n)| Mutation::Remove(p, n)),
+        ]
+    }
+
+    /// Parses, and when that works, checks emit gives the input back.
+    fn check(family: Family, info: &TableInfo, blob: &[u8]) {
+        if let Ok(t) = Table::parse(family, info, blob) {
+            let e = t.emit().expect("a parsed table emits");
+            assert!(e.entries == blob, "parsed but emitted other bytes");
+            assert_eq!(e.num_entries, t.read_entries);
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 2000, failure_persistence: None, ..ProptestConfig::default() })]
+
+        #[test]
+        fn mutated_entries_round_trip_or_fail(
+            seed in any::<usize>(),
+            mutations in proptest::collection::vec(mutation(), 1..4),
+        ) {
+            let seeds = seeds();
+            let (family, info, blob) = &seeds[seed % seeds.len()];
+            let blob = mutate(blob, &[], &mutations);
+            let info = TableInfo { size: blob.len() as u32, ..info.clone() };
+            check(*family, &info, &blob);
+        }
+
+        #[test]
+        fn mutated_info_round_trips_or_fails(
+            seed in any::<usize>(),
+            mutations in proptest::collection::vec(mutation(), 1..3),
+        ) {
+            let seeds = seeds();
+            let (family, info, blob) = &seeds[seed % seeds.len()];
+            let bytes = mutate(&info.emit().unwrap(), &[], &mutations);
+            if let Ok(info) = TableInfo::parse(&bytes) {
+                check(*family, &info, blob);
+            }
+        }
+    }
+}
