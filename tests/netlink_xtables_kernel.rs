@@ -386,18 +386,12 @@ fn remove_kube_proxy_state_keeps_other_rules() {
         let mut chains = removed.chains.clone();
         chains.sort();
         assert_eq!(chains, saved_kube_chains(&before));
-        // Rules of kept chains that jumped to KUBE- chains.
+        // Rules of kept chains that jumped to KUBE- chains (`-c` lines read
+        // `[p:b] -A CHAIN ...`).
         let jumps = before
             .lines()
-            .filter(|l| l.contains(" -A ") || l.starts_with("-A "))
-            .filter(|l| {
-                let chain = l
-                    .split(" -A ")
-                    .nth(1)
-                    .or_else(|| l.strip_prefix("-A "))
-                    .unwrap();
-                !chain.starts_with("KUBE-") && l.contains("KUBE-")
-            })
+            .filter_map(|l| l.split_once("-A "))
+            .filter(|(_, rule)| !rule.starts_with("KUBE-") && rule.contains("KUBE-"))
             .count();
         assert_eq!(
             removed.rules.len(),

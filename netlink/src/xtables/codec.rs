@@ -1,6 +1,6 @@
 //! Wire codec for iptables-legacy's x_tables (`linux/netfilter/x_tables.h`,
 //! `linux/netfilter_ipv4/ip_tables.h`, `linux/netfilter_ipv6/ip6_tables.h`).
-//! No I/O: the socket options live in [`super::socket`].
+//! No I/O: the socket options are sent by the parent module.
 //!
 //! A table travels as one blob of entries (`IPT_SO_GET_ENTRIES` out,
 //! `IPT_SO_SET_REPLACE` in). Every integer is in host byte order.
@@ -125,7 +125,7 @@ impl Family {
     }
 
     /// Offset and bit of the goto flag inside the ip part.
-    const fn goto_flag(self) -> (usize, u8) {
+    pub(super) const fn goto_flag(self) -> (usize, u8) {
         match self {
             // ipt_ip: ..., proto u16 @80, flags u8 @82
             Family::Ipv4 => (82, IPT_F_GOTO),
@@ -258,6 +258,21 @@ pub fn get_entries_request(name: &str, size: u32) -> Result<Vec<u8>, EmitError> 
     Ok(b)
 }
 
+/// A laid-out table: what `IPT_SO_SET_REPLACE` takes besides the name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Emitted {
+    /// The entries.
+    pub entries: Vec<u8>,
+    /// Number of entries.
+    pub num_entries: u32,
+    /// First entry of each built-in chain (`u32::MAX` for an invalid hook).
+    pub hook_entry: [u32; NF_INET_NUMHOOKS],
+    /// Policy entry of each built-in chain (`u32::MAX` for an invalid hook).
+    pub underflow: [u32; NF_INET_NUMHOOKS],
+    /// [`Entry::origin`] of each entry, in order.
+    pub origins: Vec<Option<u32>>,
+}
+
 /// The `IPT_SO_SET_REPLACE` argument (`struct ipt_replace` then the entries).
 /// `counters` is the address of a buffer of `num_counters` `struct xt_counters`
 /// that the kernel fills with the replaced entries' final counters.
@@ -342,7 +357,7 @@ pub enum Verdict {
 }
 
 impl Verdict {
-    fn from_builtin(v: i32) -> Verdict {
+    pub(super) fn from_builtin(v: i32) -> Verdict {
         match v {
             VERDICT_ACCEPT => Verdict::Accept,
             VERDICT_DROP => Verdict::Drop,
@@ -437,69 +452,16 @@ impl Entry {
     }
 }
 
-/// How a chain begins.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ChainKind {
-    /// A built-in chain, at hook `hook` (index into [`HOOK_NAMES`]).
-    Builtin {
-        /// The netfilter hook (`NF_INET_*`).
-        hook: usize,
-    },
-    /// A user-defined chain, headed by an entry with an `ERROR` target naming it.
-    User {
-        /// The head entry.
-        head: Entry,
-    },
-}
-
-/// A chain: its rules in order, the last being the built-in chain's policy or
-/// the user chain's unconditional `RETURN`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Chain {
-    /// The chain's name.
-    pub name: String,
-    /// Built-in or user-defined.
-    pub kind: ChainKind,
-    /// The entries after the head, the policy / `RETURN` last.
-    pub rules: Vec<Entry>,
-}
-
-impl Chain {
-    /// True for a user-defined chain.
-    pub fn is_user(&self) -> bool {
-        matches!(self.kind, ChainKind::User { .. })
-    }
-}
-
-/// A table as grouped chains. `parse` then `emit` gives back the kernel's bytes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Table {
-    /// The family.
-    pub family: Family,
-    /// Table name (`nat`, `filter`, `mangle`, ...).
-    pub name: String,
-    /// `valid_hooks`, which the kernel does not let a replace change.
-    pub valid_hooks: u32,
-    /// The number of entries when the table was read: the `num_counters` of a
-    /// replace, which the kernel checks against the table's current number of
-    /// entries (`EAGAIN` when they differ).
-    pub read_entries: u32,
-    /// The chains in table order.
-    pub chains: Vec<Chain>,
-    /// The table's final entry (an `ERROR` target named `"ERROR"`).
-    pub end: Entry,
-}
-
 /// An entry at its offset, verdict not yet resolved.
-struct RawEntry {
-    offset: usize,
-    len: usize,
-    entry: Entry,
+pub(super) struct RawEntry {
+    pub(super) offset: usize,
+    pub(super) len: usize,
+    pub(super) entry: Entry,
     /// The standard target's raw verdict.
-    verdict: Option<i32>,
+    pub(super) verdict: Option<i32>,
 }
 
-fn parse_entry(
+pub(super) fn parse_entry(
     family: Family,
     blob: &[u8],
     offset: usize,
@@ -613,249 +575,7 @@ fn parse_entry(
     })
 }
 
-impl Table {
-    /// Parses the entries of `IPT_SO_GET_ENTRIES` (without the 40-byte
-    /// `ipt_get_entries` header) with the `IPT_SO_GET_INFO` that sized them.
-    pub fn parse(family: Family, info: &TableInfo, blob: &[u8]) -> Result<Table, DecodeError> {
-        let mut raw = Vec::new();
-        let mut offset = 0;
-        while offset < blob.len() {
-            let e = parse_entry(family, blob, offset, raw.len() as u32)?;
-            offset += e.len;
-            raw.push(e);
-        }
-        let Some(last) = raw.pop() else {
-            return Err("table without entries".into());
-        };
-        if last.entry.target != Target::Error(XT_ERROR_TARGET.to_string()) {
-            return Err("the last entry is not the ERROR target \"ERROR\"".into());
-        }
-
-        // Chain starts: built-in chains at their hook entry, user chains at
-        // their ERROR head (their jump target is the entry after the head).
-        let mut hook_at: HashMap<usize, usize> = HashMap::new();
-        for h in 0..NF_INET_NUMHOOKS {
-            if info.valid_hooks & (1 << h) != 0 {
-                hook_at.insert(info.hook_entry[h] as usize, h);
-            }
-        }
-        let mut chains: Vec<Chain> = Vec::new();
-        let mut starts: HashMap<usize, String> = HashMap::new();
-        let mut verdicts: Vec<Vec<(usize, usize, i32)>> = Vec::new();
-        // Offset of each chain's last entry so far.
-        let mut last_at: Vec<usize> = Vec::new();
-        for (i, r) in raw.iter().enumerate() {
-            if let Some(&hook) = hook_at.get(&r.offset) {
-                starts.insert(r.offset, HOOK_NAMES[hook].to_string());
-                chains.push(Chain {
-                    name: HOOK_NAMES[hook].to_string(),
-                    kind: ChainKind::Builtin { hook },
-                    rules: Vec::new(),
-                });
-                verdicts.push(Vec::new());
-                last_at.push(r.offset);
-            } else if let Target::Error(name) = &r.entry.target {
-                let Some(next) = raw.get(i + 1) else {
-                    return Err(format!("user chain {name} has no entries").into());
-                };
-                if hook_at.contains_key(&next.offset)
-                    || matches!(next.entry.target, Target::Error(_))
-                {
-                    return Err(format!("user chain {name} has no RETURN entry").into());
-                }
-                starts.insert(next.offset, name.clone());
-                chains.push(Chain {
-                    name: name.clone(),
-                    kind: ChainKind::User {
-                        head: r.entry.clone(),
-                    },
-                    rules: Vec::new(),
-                });
-                verdicts.push(Vec::new());
-                last_at.push(r.offset);
-                continue;
-            }
-            let Some(chain) = chains.last_mut() else {
-                return Err(format!("entry at {} is in no chain", r.offset).into());
-            };
-            if let Some(v) = r.verdict {
-                verdicts.last_mut().expect("one per chain").push((
-                    chain.rules.len(),
-                    r.offset + r.len,
-                    v,
-                ));
-            }
-            chain.rules.push(r.entry.clone());
-            *last_at.last_mut().expect("one per chain") = r.offset;
-        }
-
-        let builtin = chains.iter().filter(|c| !c.is_user()).count();
-        if builtin != hook_at.len() || hook_at.len() != info.valid_hooks.count_ones() as usize {
-            return Err(format!(
-                "valid_hooks {:#x} but {builtin} built-in chains found at hook_entry {:?}",
-                info.valid_hooks, info.hook_entry
-            )
-            .into());
-        }
-        // Every valid hook's policy must be its chain's last entry: emit puts
-        // underflow there.
-        for (chain, &last) in chains.iter().zip(&last_at) {
-            if let ChainKind::Builtin { hook } = chain.kind {
-                if last != info.underflow[hook] as usize {
-                    return Err(format!(
-                        "{}: underflow {} is not the chain's last entry",
-                        chain.name, info.underflow[hook]
-                    )
-                    .into());
-                }
-            }
-        }
-
-        for (chain, vs) in chains.iter_mut().zip(verdicts) {
-            for (rule, next, v) in vs {
-                let verdict = if v < 0 {
-                    Verdict::from_builtin(v)
-                } else if let Some(name) = starts.get(&(v as usize)) {
-                    Verdict::Jump(name.clone())
-                } else if v as usize == next {
-                    Verdict::Fallthrough
-                } else {
-                    return Err(format!(
-                        "{}: rule {} jumps to offset {v}, which starts no chain",
-                        chain.name,
-                        rule + 1
-                    )
-                    .into());
-                };
-                chain.rules[rule].target = Target::Standard(verdict);
-            }
-        }
-
-        Ok(Table {
-            family,
-            name: info.name.clone(),
-            valid_hooks: info.valid_hooks,
-            read_entries: raw.len() as u32 + 1,
-            chains,
-            end: last.entry,
-        })
-    }
-
-    /// Names of the chains, built-in ones included, in table order.
-    pub fn chains(&self) -> Vec<&str> {
-        self.chains.iter().map(|c| c.name.as_str()).collect()
-    }
-
-    /// The chain named `name`.
-    pub fn chain(&self, name: &str) -> Option<&Chain> {
-        self.chains.iter().find(|c| c.name == name)
-    }
-
-    /// Removes every user-defined chain whose name matches `pred`, and every
-    /// rule of the other chains whose standard target jumps (`-j`) or goes
-    /// (`-g`) to one of them. Every other entry is kept as it was. The
-    /// `iptables` equivalent is `-D` of each such rule, then `-F` and `-X` of
-    /// each such chain.
-    pub fn remove_chains(&mut self, mut pred: impl FnMut(&str) -> bool) -> Removed {
-        let mut removed = Removed::default();
-        let doomed: Vec<String> = self
-            .chains
-            .iter()
-            .filter(|c| c.is_user() && pred(&c.name))
-            .map(|c| c.name.clone())
-            .collect();
-        if doomed.is_empty() {
-            return removed;
-        }
-        self.chains.retain(|c| !doomed.contains(&c.name));
-        for chain in &mut self.chains {
-            let mut n = 0;
-            chain.rules.retain(|r| {
-                n += 1;
-                match r.jump_target() {
-                    Some(to) if doomed.iter().any(|d| d == to) => {
-                        removed.rules.push(RemovedRule {
-                            table: self.name.clone(),
-                            chain: chain.name.clone(),
-                            position: n,
-                            target: to.to_string(),
-                        });
-                        false
-                    }
-                    _ => true,
-                }
-            });
-        }
-        removed.chains = doomed.into_iter().map(|c| (self.name.clone(), c)).collect();
-        removed
-    }
-
-    /// Lays the table out: entries in chain order, every jump, `hook_entry`
-    /// and `underflow` recomputed.
-    pub fn emit(&self) -> Result<Emitted, EmitError> {
-        let family = self.family;
-        // Pass 1: offsets.
-        let mut starts: HashMap<&str, usize> = HashMap::new();
-        let mut hook_entry = [u32::MAX; NF_INET_NUMHOOKS];
-        let mut underflow = [u32::MAX; NF_INET_NUMHOOKS];
-        let mut offset = 0usize;
-        let mut num_entries = 0u32;
-        for chain in &self.chains {
-            if let ChainKind::User { head } = &chain.kind {
-                offset += head.len(family);
-                num_entries += 1;
-            }
-            let Some(last) = chain.rules.last() else {
-                return Err(EmitError::EmptyChain(chain.name.clone()));
-            };
-            if starts.insert(&chain.name, offset).is_some() {
-                return Err(EmitError::DuplicateChain(chain.name.clone()));
-            }
-            let first = offset;
-            for r in &chain.rules {
-                offset += r.len(family);
-                num_entries += 1;
-            }
-            if let ChainKind::Builtin { hook } = chain.kind {
-                if hook >= NF_INET_NUMHOOKS {
-                    return Err(EmitError::BadHook(hook));
-                }
-                hook_entry[hook] = first as u32;
-                underflow[hook] = (offset - last.len(family)) as u32;
-            }
-        }
-        let size = offset + self.end.len(family);
-        num_entries += 1;
-
-        // Pass 2: bytes.
-        let mut out = vec![0u8; size];
-        let mut origins = Vec::with_capacity(num_entries as usize);
-        let mut at = 0;
-        for chain in &self.chains {
-            if let ChainKind::User { head } = &chain.kind {
-                let mut head = head.clone();
-                head.target = Target::Error(chain.name.clone());
-                at = emit_entry(family, &head, &mut out, at, &starts)?;
-                origins.push(head.origin);
-            }
-            for r in &chain.rules {
-                at = emit_entry(family, r, &mut out, at, &starts)?;
-                origins.push(r.origin);
-            }
-        }
-        emit_entry(family, &self.end, &mut out, at, &starts)?;
-        origins.push(self.end.origin);
-        Ok(Emitted {
-            entries: out,
-            num_entries,
-            hook_entry,
-            underflow,
-            origins,
-        })
-    }
-}
-
-fn emit_entry(
+pub(super) fn emit_entry(
     family: Family,
     e: &Entry,
     out: &mut [u8],
@@ -927,57 +647,6 @@ fn emit_entry(
     Ok(at + len)
 }
 
-/// A laid-out table: what `IPT_SO_SET_REPLACE` takes besides the name.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Emitted {
-    /// The entries.
-    pub entries: Vec<u8>,
-    /// Number of entries.
-    pub num_entries: u32,
-    /// First entry of each built-in chain (`u32::MAX` for an invalid hook).
-    pub hook_entry: [u32; NF_INET_NUMHOOKS],
-    /// Policy entry of each built-in chain (`u32::MAX` for an invalid hook).
-    pub underflow: [u32; NF_INET_NUMHOOKS],
-    /// [`Entry::origin`] of each entry, in order.
-    pub origins: Vec<Option<u32>>,
-}
-
-/// What [`Table::remove_chains`] removed.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Removed {
-    /// `(table, chain)` of every removed user-defined chain.
-    pub chains: Vec<(String, String)>,
-    /// Every rule removed from a kept chain because it jumped to a removed chain.
-    pub rules: Vec<RemovedRule>,
-}
-
-impl Removed {
-    /// True when nothing was removed.
-    pub fn is_empty(&self) -> bool {
-        self.chains.is_empty() && self.rules.is_empty()
-    }
-
-    /// Appends `other`.
-    pub fn extend(&mut self, other: Removed) {
-        self.chains.extend(other.chains);
-        self.rules.extend(other.rules);
-    }
-}
-
-/// A rule removed because it jumped to a removed chain.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RemovedRule {
-    /// Table.
-    pub table: String,
-    /// Chain the rule was in.
-    pub chain: String,
-    /// Its 1-based position in that chain before the removal (as
-    /// `iptables -L --line-numbers`).
-    pub position: usize,
-    /// The removed chain it jumped to.
-    pub target: String,
-}
-
 /// Why a table could not be laid out.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -1013,311 +682,4 @@ pub enum EmitError {
     /// An entry larger than `next_offset` (u16) can express.
     #[error("entry of {0} bytes exceeds 65535")]
     EntryTooLarge(usize),
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Builds one entry's bytes by hand, independently of `emit_entry`.
-    struct RawBuilder {
-        family: Family,
-        out: Vec<u8>,
-    }
-
-    /// What an entry's target is, for the hand-built blob.
-    enum T<'a> {
-        Std(i32),
-        Err(&'a str),
-        Ext(&'a str, u8, &'a [u8]),
-    }
-
-    impl RawBuilder {
-        fn at(&self) -> usize {
-            self.out.len()
-        }
-
-        /// Appends an entry; returns its offset. `src` goes in the first byte of
-        /// the ip part, `goto` sets the family's goto flag, `pc` the counters.
-        fn push(
-            &mut self,
-            src: u8,
-            goto: bool,
-            pc: (u64, u64),
-            matches: &[(&str, u8, &[u8])],
-            t: T,
-        ) -> usize {
-            let fam = self.family;
-            let start = self.out.len();
-            let mut e = vec![0u8; fam.entry_len()];
-            e[0] = src;
-            if goto {
-                let (at, bit) = fam.goto_flag();
-                e[at] |= bit;
-            }
-            e[fam.ip_len()..fam.ip_len() + 4].copy_from_slice(&0x1234u32.to_ne_bytes());
-            e[fam.ip_len() + 8..fam.ip_len() + 12].copy_from_slice(&0x10u32.to_ne_bytes());
-            e[fam.entry_len() - 16..fam.entry_len() - 8].copy_from_slice(&pc.0.to_ne_bytes());
-            e[fam.entry_len() - 8..].copy_from_slice(&pc.1.to_ne_bytes());
-            for (name, rev, data) in matches {
-                let mut m = vec![0u8; 32];
-                m[..2].copy_from_slice(&((32 + data.len()) as u16).to_ne_bytes());
-                m[2..2 + name.len()].copy_from_slice(name.as_bytes());
-                m[31] = *rev;
-                m.extend_from_slice(data);
-                e.extend(m);
-            }
-            let target_offset = e.len() as u16;
-            let mut t_bytes = vec![0u8; 32];
-            match t {
-                T::Std(v) => {
-                    t_bytes.extend_from_slice(&v.to_ne_bytes());
-                    t_bytes.extend_from_slice(&[0; 4]);
-                }
-                T::Err(name) => {
-                    t_bytes[2..7].copy_from_slice(b"ERROR");
-                    let mut d = [0u8; 32];
-                    d[..name.len()].copy_from_slice(name.as_bytes());
-                    t_bytes.extend_from_slice(&d);
-                }
-                T::Ext(name, rev, data) => {
-                    t_bytes[2..2 + name.len()].copy_from_slice(name.as_bytes());
-                    t_bytes[31] = rev;
-                    t_bytes.extend_from_slice(data);
-                }
-            }
-            let tl = t_bytes.len() as u16;
-            t_bytes[..2].copy_from_slice(&tl.to_ne_bytes());
-            e.extend(t_bytes);
-            let next = e.len() as u16;
-            e[fam.ip_len() + 4..fam.ip_len() + 6].copy_from_slice(&target_offset.to_ne_bytes());
-            e[fam.ip_len() + 6..fam.ip_len() + 8].copy_from_slice(&next.to_ne_bytes());
-            self.out.extend(e);
-            start
-        }
-    }
-
-    /// Sizes of the entry kinds used below.
-    fn std_len(f: Family) -> usize {
-        f.entry_len() + STANDARD_TARGET_LEN
-    }
-
-    const COMMENT: &[u8] = &[b'k'; 256];
-    const LOG: &[u8] = &[7u8; 48];
-
-    /// A filter-like table: INPUT jumps to MY-CHAIN and KEEP, FORWARD has a
-    /// counting rule, OUTPUT a `-m comment -j LOG` rule and a goto to MY-CHAIN;
-    /// MY-CHAIN jumps to KEEP. Returns the info and the blob.
-    fn hand_built(family: Family) -> (TableInfo, Vec<u8>) {
-        let f = family;
-        let mut b = RawBuilder {
-            family,
-            out: Vec::new(),
-        };
-        // Offsets are known up front: compute the user chains' starts first.
-        let input = 0;
-        let input_rules = 3; // jump MY-CHAIN, jump KEEP, policy
-        let forward = input + input_rules * std_len(f);
-        let forward_rules = 2; // fallthrough, policy DROP
-        let output = forward + forward_rules * std_len(f);
-        let log_rule = f.entry_len() + 32 + COMMENT.len() + 32 + LOG.len();
-        let my_head = output + log_rule + 2 * std_len(f);
-        let my_start = my_head + f.entry_len() + ERROR_TARGET_LEN;
-        let keep_head = my_start + 2 * std_len(f);
-        let keep_start = keep_head + f.entry_len() + ERROR_TARGET_LEN;
-
-        b.push(1, false, (5, 500), &[], T::Std(my_start as i32));
-        b.push(2, false, (6, 600), &[], T::Std(keep_start as i32));
-        let input_policy = b.push(0, false, (7, 700), &[], T::Std(VERDICT_ACCEPT));
-        assert_eq!(b.at(), forward);
-        let ft = b.at();
-        b.push(3, false, (1, 2), &[], T::Std((ft + std_len(f)) as i32));
-        let forward_policy = b.push(0, false, (0, 0), &[], T::Std(VERDICT_DROP));
-        assert_eq!(b.at(), output);
-        b.push(
-            4,
-            false,
-            (0, 0),
-            &[("comment", 0, COMMENT)],
-            T::Ext("LOG", 0, LOG),
-        );
-        b.push(5, true, (0, 0), &[], T::Std(my_start as i32));
-        let output_policy = b.push(0, false, (9, 900), &[], T::Std(VERDICT_ACCEPT));
-        assert_eq!(b.at(), my_head);
-        b.push(0, false, (0, 0), &[], T::Err("MY-CHAIN"));
-        b.push(6, false, (0, 0), &[], T::Std(keep_start as i32));
-        b.push(0, false, (0, 0), &[], T::Std(VERDICT_RETURN));
-        assert_eq!(b.at(), keep_head);
-        b.push(0, false, (0, 0), &[], T::Err("KEEP"));
-        b.push(0, false, (0, 0), &[], T::Std(VERDICT_RETURN));
-        b.push(0, false, (0, 0), &[], T::Err("ERROR"));
-        let info = TableInfo {
-            name: "filter".to_string(),
-            valid_hooks: 0b01110,
-            hook_entry: [
-                u32::MAX,
-                input as u32,
-                forward as u32,
-                output as u32,
-                u32::MAX,
-            ],
-            underflow: [
-                u32::MAX,
-                input_policy as u32,
-                forward_policy as u32,
-                output_policy as u32,
-                u32::MAX,
-            ],
-            num_entries: 14,
-            size: b.out.len() as u32,
-        };
-        (info, b.out)
-    }
-
-    #[test]
-    fn parse_groups_chains_and_resolves_jumps() {
-        for family in [Family::Ipv4, Family::Ipv6] {
-            let (info, blob) = hand_built(family);
-            let t = Table::parse(family, &info, &blob).unwrap();
-            assert_eq!(
-                t.chains(),
-                ["INPUT", "FORWARD", "OUTPUT", "MY-CHAIN", "KEEP"]
-            );
-            assert_eq!(t.read_entries, 14);
-            let input = t.chain("INPUT").unwrap();
-            assert_eq!(input.kind, ChainKind::Builtin { hook: 1 });
-            assert_eq!(input.rules[0].jump_target(), Some("MY-CHAIN"));
-            assert_eq!(input.rules[1].jump_target(), Some("KEEP"));
-            assert_eq!(input.rules[2].target, Target::Standard(Verdict::Accept));
-            assert_eq!(
-                input.rules[0].counters,
-                Counters {
-                    packets: 5,
-                    bytes: 500
-                }
-            );
-            assert_eq!(
-                t.chain("FORWARD").unwrap().rules[0].target,
-                Target::Standard(Verdict::Fallthrough)
-            );
-            let output = t.chain("OUTPUT").unwrap();
-            assert_eq!(output.rules[0].matches[0].name, "comment");
-            assert_eq!(output.rules[0].matches[0].data, COMMENT);
-            assert!(matches!(&output.rules[0].target, Target::Other { name, .. } if name == "LOG"));
-            assert!(output.rules[1].is_goto());
-            assert!(!output.rules[0].is_goto());
-            assert_eq!(output.rules[1].jump_target(), Some("MY-CHAIN"));
-            let my = t.chain("MY-CHAIN").unwrap();
-            assert!(my.is_user());
-            assert_eq!(my.rules[1].target, Target::Standard(Verdict::Return));
-            assert_eq!(t.end.target, Target::Error("ERROR".to_string()));
-        }
-    }
-
-    #[test]
-    fn emit_gives_back_the_bytes() {
-        for family in [Family::Ipv4, Family::Ipv6] {
-            let (info, blob) = hand_built(family);
-            let t = Table::parse(family, &info, &blob).unwrap();
-            let e = t.emit().unwrap();
-            assert_eq!(e.entries, blob, "{family:?}");
-            assert_eq!(e.num_entries, info.num_entries);
-            assert_eq!(e.hook_entry, info.hook_entry);
-            assert_eq!(e.underflow, info.underflow);
-            assert_eq!(e.origins, (0..14).map(Some).collect::<Vec<_>>());
-            // And the info round-trips too.
-            assert_eq!(TableInfo::parse(&info.emit().unwrap()).unwrap(), info);
-        }
-    }
-
-    #[test]
-    fn remove_chains_drops_the_chain_and_its_jumps_only() {
-        for family in [Family::Ipv4, Family::Ipv6] {
-            let (info, blob) = hand_built(family);
-            let before = Table::parse(family, &info, &blob).unwrap();
-            let mut t = before.clone();
-            let removed = t.remove_chains(|c| c == "MY-CHAIN");
-            assert_eq!(
-                removed.chains,
-                [("filter".to_string(), "MY-CHAIN".to_string())]
-            );
-            let where_: Vec<_> = removed
-                .rules
-                .iter()
-                .map(|r| (r.chain.as_str(), r.position, r.target.as_str()))
-                .collect();
-            assert_eq!(
-                where_,
-                [("INPUT", 1, "MY-CHAIN"), ("OUTPUT", 2, "MY-CHAIN")]
-            );
-            assert_eq!(t.chains(), ["INPUT", "FORWARD", "OUTPUT", "KEEP"]);
-            // Everything else is kept as it was (counters and origins too).
-            let input = &before.chain("INPUT").unwrap().rules;
-            assert_eq!(t.chain("INPUT").unwrap().rules, input[1..]);
-            assert_eq!(t.chain("FORWARD"), before.chain("FORWARD"));
-            assert_eq!(t.chain("KEEP"), before.chain("KEEP"));
-
-            // The emitted table parses back to the same chains, offsets recomputed.
-            let e = t.emit().unwrap();
-            assert_eq!(e.num_entries, 14 - 2 - 3);
-            let info2 = TableInfo {
-                num_entries: e.num_entries,
-                size: e.entries.len() as u32,
-                hook_entry: e.hook_entry,
-                underflow: e.underflow,
-                ..info.clone()
-            };
-            let again = Table::parse(family, &info2, &e.entries).unwrap();
-            assert_eq!(
-                without_origins(again.chains),
-                without_origins(t.chains.clone())
-            );
-            let len = std_len(family);
-            assert_eq!(e.hook_entry[1..4], [0, 2 * len as u32, 4 * len as u32]);
-            // FORWARD's counting rule falls through to its new next entry.
-            let ft = 2 * len;
-            let v = &e.entries[ft + family.entry_len() + 32..][..4];
-            assert_eq!(i32::from_ne_bytes(v.try_into().unwrap()), (ft + len) as i32);
-        }
-    }
-
-    fn without_origins(mut chains: Vec<Chain>) -> Vec<Chain> {
-        for c in &mut chains {
-            if let ChainKind::User { head } = &mut c.kind {
-                head.origin = None;
-            }
-            for r in &mut c.rules {
-                r.origin = None;
-            }
-        }
-        chains
-    }
-
-    #[test]
-    fn jump_to_missing_chain_fails_to_emit() {
-        let (info, blob) = hand_built(Family::Ipv4);
-        let mut t = Table::parse(Family::Ipv4, &info, &blob).unwrap();
-        t.chains.retain(|c| c.name != "KEEP");
-        assert_eq!(t.emit(), Err(EmitError::MissingChain("KEEP".to_string())));
-    }
-
-    #[test]
-    fn bad_blobs_fail_to_parse() {
-        let (info, blob) = hand_built(Family::Ipv4);
-        // Truncated.
-        assert!(Table::parse(Family::Ipv4, &info, &blob[..blob.len() - 8]).is_err());
-        // A jump into the middle of a chain.
-        let mut bad = blob.clone();
-        let v_at = Family::Ipv4.entry_len() + 32;
-        bad[v_at..v_at + 4].copy_from_slice(&8i32.to_ne_bytes());
-        assert!(Table::parse(Family::Ipv4, &info, &bad).is_err());
-        // An underflow that is not the chain's last entry.
-        let mut info2 = info.clone();
-        info2.underflow[1] = 0;
-        assert!(Table::parse(Family::Ipv4, &info2, &blob).is_err());
-        // next_offset of zero.
-        let mut bad = blob.clone();
-        bad[88..92].fill(0);
-        assert!(Table::parse(Family::Ipv4, &info, &bad).is_err());
-    }
 }

@@ -20,10 +20,14 @@
 //!   [`remove_chains`] then reads again and retries. Like `iptables -w`, the
 //!   read-modify-write also holds `/run/xtables.lock`.
 //!
-//! [`codec`] holds the wire codec.
+//! [`codec`] holds the wire codec of entries and requests, [`table`] groups
+//! entries into chains and lays them out again.
 
 pub mod codec;
 mod socket;
+pub mod table;
+#[cfg(test)]
+mod tests;
 
 use std::io;
 use std::time::Duration;
@@ -31,12 +35,12 @@ use std::time::Duration;
 use netlink_packet_core::DecodeError;
 
 pub use self::codec::{
-    Chain, ChainKind, Counters, EmitError, Entry, Family, Match, Removed, RemovedRule, Table,
-    TableInfo, Target, Verdict,
+    Counters, EmitError, Emitted, Entry, Family, Match, TableInfo, Target, Verdict,
 };
-use self::codec::{Emitted, GET_ENTRIES_LEN, add_counters_request, get_entries_request};
+use self::codec::{GET_ENTRIES_LEN, add_counters_request, get_entries_request};
 pub use self::socket::XT_LOCK_PATH;
 use self::socket::{XtLock, XtSocket};
+pub use self::table::{Chain, ChainKind, Removed, RemovedRule, Table};
 
 /// The tables kube-proxy's iptables mode writes to.
 pub const KUBE_PROXY_TABLES: [&str; 3] = ["nat", "filter", "mangle"];
@@ -119,8 +123,9 @@ pub enum XtablesError {
         #[source]
         source: DecodeError,
     },
-    /// A table could not be laid out for `IPT_SO_SET_REPLACE`.
-    #[error("{} -t {table}: encoding the table", family.cli())]
+    /// A request could not be encoded (a table name too long), or a table could
+    /// not be laid out for `IPT_SO_SET_REPLACE`.
+    #[error("{} -t {table}: encoding the request", family.cli())]
     Emit {
         /// The family.
         family: Family,
@@ -255,15 +260,22 @@ fn read_table_on(
         let Some((info, blob)) = read_raw_on(sock, family, name)? else {
             return Ok(None);
         };
-        let table = Table::parse(family, &info, &blob).map_err(|source| XtablesError::Decode {
-            context: format!("{} -t {name} entries", family.cli()),
-            source,
-        })?;
-        // Same size, other entries: changed between GET_INFO and GET_ENTRIES.
-        if table.read_entries != info.num_entries && attempt < ATTEMPTS {
-            continue;
+        // A table replaced by one of the same size between GET_INFO and
+        // GET_ENTRIES gives entries that do not fit the info (other hook
+        // offsets or entry count): read both again.
+        match Table::parse(family, &info, &blob) {
+            Ok(t) if t.read_entries == info.num_entries => return Ok(Some(t)),
+            Ok(_) | Err(_) if attempt < ATTEMPTS => continue,
+            // The entries are self-consistent; their count is what a
+            // replace must name.
+            Ok(t) => return Ok(Some(t)),
+            Err(source) => {
+                return Err(XtablesError::Decode {
+                    context: format!("{} -t {name} entries", family.cli()),
+                    source,
+                });
+            }
         }
-        return Ok(Some(table));
     }
 }
 
