@@ -126,6 +126,8 @@ impl Caps {
     pub const NET_BIND_SERVICE: Caps = Caps(CapabilitySet::NET_BIND_SERVICE.bits());
     /// `CAP_NET_ADMIN`
     pub const NET_ADMIN: Caps = Caps(CapabilitySet::NET_ADMIN.bits());
+    /// `CAP_NET_RAW`
+    pub const NET_RAW: Caps = Caps(CapabilitySet::NET_RAW.bits());
     /// `CAP_SYS_RESOURCE`
     pub const SYS_RESOURCE: Caps = Caps(CapabilitySet::SYS_RESOURCE.bits());
     /// `CAP_SETPCAP`
@@ -189,6 +191,9 @@ impl fmt::Debug for Caps {
 pub struct Needs {
     /// Netlink: always true for the commands that touch the dataplane.
     pub net_admin: bool,
+    /// A raw IP socket, for iptables-legacy's x_tables (kube-proxy's state: read
+    /// and removed through `IPT_SO_*` socket options).
+    pub net_raw: bool,
     /// Addresses the run binds (health and metrics servers).
     pub binds: Vec<SocketAddr>,
     /// Whether the run lowers `oom_score_adj` (or writes anything else that needs
@@ -209,7 +214,21 @@ impl Needs {
     /// health and metrics addresses and applies `oomScoreAdj`; `--once`, `plan`
     /// and `cleanup` only talk netlink.
     pub fn for_config(cfg: &Config) -> Needs {
+        Self::for_config_with(cfg, legacy_xtables_in_use())
+    }
+
+    /// [`for_config`](Self::for_config), given whether this network namespace
+    /// has iptables-legacy tables (pure). `CAP_NET_RAW` is kept where kube-proxy's
+    /// legacy state may have to be read or removed: `status`, `cleanup
+    /// --kube-proxy`, and the daemon when legacy tables exist at its start.
+    pub fn for_config_with(cfg: &Config, legacy_xtables: bool) -> Needs {
         let daemon = cfg.command == Command::Run && !cfg.once;
+        let net_raw = match cfg.command {
+            Command::Status => true,
+            Command::Cleanup => cfg.cleanup_kube_proxy,
+            Command::Run => daemon && legacy_xtables,
+            _ => false,
+        };
         let binds = if daemon {
             [&cfg.healthz_bind_address, &cfg.metrics_bind_address]
                 .into_iter()
@@ -220,6 +239,7 @@ impl Needs {
         };
         Needs {
             net_admin: true,
+            net_raw,
             binds,
             sys_resource: daemon && cfg.oom_score_adj.is_some(),
         }
@@ -232,6 +252,9 @@ impl Needs {
         if self.net_admin {
             caps = caps.with(Caps::NET_ADMIN);
         }
+        if self.net_raw {
+            caps = caps.with(Caps::NET_RAW);
+        }
         if self
             .binds
             .iter()
@@ -241,6 +264,16 @@ impl Needs {
         }
         caps
     }
+}
+
+/// Whether this network namespace has iptables-legacy tables (IPv4 or IPv6):
+/// the kernel lists them in `/proc/thread-self/net/ip{,6}_tables_names` (empty or
+/// absent when none exists; reading creates none).
+pub fn legacy_xtables_in_use() -> bool {
+    ["ip_tables_names", "ip6_tables_names"].iter().any(|f| {
+        std::fs::read_to_string(format!("/proc/thread-self/net/{f}"))
+            .is_ok_and(|s| !s.trim().is_empty())
+    })
 }
 
 /// `net.ipv4.ip_unprivileged_port_start` of our network namespace (1024 when it

@@ -139,8 +139,7 @@ fn plan_with<M: Mode, H: Host>(
 pub fn cleanup(cfg: &Config) -> Result<(), ProxierError> {
     if cfg.cleanup_kube_proxy {
         // `cleanup --kube-proxy`: kube-proxy's state only, never ours.
-        let mut sock =
-            kube_nlproxy_netlink::nft::NftSocket::new().map_err(SyncError::Socket)?;
+        let mut sock = kube_nlproxy_netlink::nft::NftSocket::new().map_err(SyncError::Socket)?;
         let removed = crate::sync::kube_proxy::remove(&mut sock)?;
         println!("removed kube-proxy's state: {}", removed.summary());
         return Ok(());

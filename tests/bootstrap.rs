@@ -114,16 +114,14 @@ fn api_server_down_at_start_then_up_programs_the_node_without_a_restart() {
     k.start(&[]);
     let up = Instant::now();
     assert!(
-        eventually(PROGRAMMED, || via_cluster_ip(&t.node, &cluster_ip).is_some()),
+        eventually(PROGRAMMED, || via_cluster_ip(&t.node, &cluster_ip)
+            .is_some()),
         "the kubernetes Service is not programmed {PROGRAMMED:?} after the API server \
          came up; log:\n{}\n{}",
         proxy.log(),
         k.logs()
     );
-    println!(
-        "programmed {:?} after the API server came up",
-        up.elapsed()
-    );
+    println!("programmed {:?} after the API server came up", up.elapsed());
     assert_eq!(proxy.pid(), Some(pid), "the proxy restarted");
     assert!(proxy.running());
     assert!(
@@ -166,14 +164,18 @@ fn deploy_kubeconfig_reaches_the_api_at_its_endpoint_and_programs_the_kubernetes
             "/var/run/secrets/kubernetes.io/serviceaccount/token",
             &k.nlproxy_token_file().display().to_string(),
         );
-    assert!(kubeconfig.contains(&endpoint), "the endpoint value is gone:\n{template}");
+    assert!(
+        kubeconfig.contains(&endpoint),
+        "the endpoint value is gone:\n{template}"
+    );
     let path = k.dir.join("deploy.kubeconfig");
     std::fs::write(&path, kubeconfig).unwrap();
 
     let mut proxy = Proxy::new(&t, BIN).with_kube_source(&path);
     proxy.start();
     assert!(
-        eventually(PROGRAMMED, || via_cluster_ip(&t.node, &cluster_ip).is_some()),
+        eventually(PROGRAMMED, || via_cluster_ip(&t.node, &cluster_ip)
+            .is_some()),
         "the kubernetes Service is not programmed; log:\n{}",
         proxy.log()
     );

@@ -191,12 +191,17 @@ fn daemonset_flags_parse_with_the_binarys_parser() {
     assert_eq!(sc.run_as_user, Some(0), "uid 0 owns the files it writes");
     let caps = sc.capabilities.as_ref().unwrap();
     assert_eq!(caps.drop.as_deref(), Some(&["ALL".to_string()][..]));
-    let needs = Needs::for_config(&cfg);
+    // On a node where kube-proxy ran with iptables-legacy (its x_tables are
+    // removed through a raw socket) the daemon keeps CAP_NET_RAW too.
+    let needs = Needs::for_config_with(&cfg, true);
     let mut want = needs.kept(1024);
     if needs.sys_resource {
         want = want.with(Caps::SYS_RESOURCE);
     }
-    assert_eq!(want, Caps::NET_ADMIN.with(Caps::SYS_RESOURCE));
+    assert_eq!(
+        want,
+        Caps::NET_ADMIN.with(Caps::NET_RAW).with(Caps::SYS_RESOURCE)
+    );
     assert_eq!(caps.add.clone().unwrap_or_default(), want.pod_names());
     // /proc/sys and /sys are read-only in such a container: the configuration
     // asks for no sysctl write, whatever the node's current values.

@@ -19,10 +19,9 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::fs;
+
 use std::net::{IpAddr, SocketAddr};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+
 use std::time::{Duration, Instant};
 
 use common::cluster::{RealCluster, RealKubeProxy};

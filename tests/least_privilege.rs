@@ -11,6 +11,7 @@ use std::time::Duration;
 const BIN: &str = env!("CARGO_BIN_EXE_kube-nlproxy");
 const WAIT: Duration = Duration::from_secs(10);
 const CAP_NET_ADMIN: u64 = 1 << 12;
+const CAP_NET_RAW: u64 = 1 << 13;
 const CAP_SYS_RESOURCE: u64 = 1 << 24;
 const VIP: &str = "10.96.0.40";
 
@@ -164,10 +165,11 @@ fn started_with_every_capability_it_keeps_only_net_admin() {
 
 #[test]
 fn launched_with_only_the_daemonsets_capabilities_it_still_works() {
-    // What deploy/kube-nlproxy.yaml adds (NET_ADMIN, SYS_RESOURCE), as far as this
-    // process may hand them on (a sandbox may lack CAP_SYS_RESOURCE).
-    let mut launch = CAP_NET_ADMIN;
-    let mut names = vec!["+net_admin"];
+    // What deploy/kube-nlproxy.yaml adds (NET_ADMIN, NET_RAW, SYS_RESOURCE), as far
+    // as this process may hand them on (a sandbox may lack CAP_SYS_RESOURCE). The
+    // test namespace has no iptables-legacy table: CAP_NET_RAW is dropped.
+    let mut launch = CAP_NET_ADMIN | CAP_NET_RAW;
+    let mut names = vec!["+net_admin", "+net_raw"];
     if own_bounding() & CAP_SYS_RESOURCE != 0 {
         launch |= CAP_SYS_RESOURCE;
         names.push("+sys_resource");

@@ -231,21 +231,31 @@ fn cli(ns: &str, f: &Fam, args: &[&str]) {
 fn without_kube(saved: &str) -> String {
     saved
         .lines()
-        .filter(|l| !l.contains("KUBE-"))
+        .filter(|l| saved_line_chains(l).iter().all(|c| !is_kube_proxy_chain(c)))
         .map(|l| format!("{l}\n"))
         .collect()
 }
 
-/// `(table, chain)` of the `:KUBE-*` chain declarations of a saved ruleset.
+/// The `KUBE-…` chain names a saved line mentions (its declaration, its chain,
+/// its jump target).
+fn saved_line_chains(l: &str) -> Vec<&str> {
+    l.split(|c: char| c.is_whitespace() || c == ':')
+        .filter(|w| w.starts_with("KUBE-"))
+        .collect()
+}
+
+/// `(table, chain)` of kube-proxy's chain declarations in a saved ruleset.
 fn saved_kube_chains(saved: &str) -> Vec<(String, String)> {
     let mut table = "";
     let mut out = Vec::new();
     for l in saved.lines() {
         if let Some(t) = l.strip_prefix('*') {
             table = t;
-        } else if let Some(c) = l.strip_prefix(":KUBE-") {
+        } else if let Some(c) = l.strip_prefix(':') {
             let name = c.split_whitespace().next().unwrap();
-            out.push((table.to_string(), format!("KUBE-{name}")));
+            if is_kube_proxy_chain(name) {
+                out.push((table.to_string(), name.to_string()));
+            }
         }
     }
     out.sort();
@@ -391,7 +401,13 @@ fn remove_kube_proxy_state_keeps_other_rules() {
         let jumps = before
             .lines()
             .filter_map(|l| l.split_once("-A "))
-            .filter(|(_, rule)| !rule.starts_with("KUBE-") && rule.contains("KUBE-"))
+            .filter(|(_, rule)| {
+                let chain = rule.split_whitespace().next().unwrap_or("");
+                !is_kube_proxy_chain(chain)
+                    && saved_line_chains(rule)
+                        .iter()
+                        .any(|c| is_kube_proxy_chain(c))
+            })
             .count();
         assert_eq!(
             removed.rules.len(),

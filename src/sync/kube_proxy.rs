@@ -3,8 +3,9 @@
 //! What kube-proxy leaves, by mode and backend (all by its known names):
 //! - nftables mode: the tables `ip kube-proxy` and `ip6 kube-proxy`, its own;
 //! - iptables mode over iptables-nft: `KUBE-*` chains in the nf_tables tables `ip`/`ip6`
-//!   `nat`, `filter` and `mangle`, and the rules of other chains that jump or go to
-//!   them (`-A PREROUTING … -j KUBE-SERVICES`);
+//!   `nat`, `filter` and `mangle` (upstream's names: [`is_kube_proxy_chain`]), and
+//!   the rules of other chains that jump or go to them (`-A PREROUTING … -j
+//!   KUBE-SERVICES`);
 //! - iptables mode over iptables-legacy: the same in x_tables (see
 //!   [`kube_nlproxy_netlink::xtables`]).
 //! - ipvs mode: adopted by our ipvs mode, removed by nftables mode at start.
@@ -23,11 +24,10 @@ pub const KUBE_PROXY_TABLE: &str = "kube-proxy";
 /// The iptables tables kube-proxy's iptables mode writes to.
 pub const IPTABLES_TABLES: [&str; 3] = ["nat", "filter", "mangle"];
 
-/// Whether `chain` is one of kube-proxy's iptables chains (`KUBE-SERVICES`,
-/// `KUBE-SVC-…`, `KUBE-SEP-…`, `KUBE-MARK-MASQ`, …: all start with `KUBE-`).
-pub fn is_kube_proxy_chain(chain: &str) -> bool {
-    chain.starts_with("KUBE-")
-}
+/// Whether `chain` is one of kube-proxy's iptables chains, by upstream's names
+/// (`KUBE-SERVICES`, `KUBE-SVC-…`, `KUBE-SEP-…`, …); the kubelet's `KUBE-FIREWALL`,
+/// `KUBE-KUBELET-CANARY` and `KUBE-IPTABLES-HINT` are not.
+pub use kube_nlproxy_netlink::xtables::is_kube_proxy_chain;
 
 /// What kube-proxy left in the kernel, one line per object (`ip kube-proxy`,
 /// `ip nat KUBE-SERVICES`), by backend.
@@ -60,7 +60,10 @@ impl KubeProxyState {
     pub fn summary(&self) -> String {
         let mut parts = Vec::new();
         if !self.nftables.is_empty() {
-            parts.push(format!("nftables mode's tables {}", self.nftables.join(", ")));
+            parts.push(format!(
+                "nftables mode's tables {}",
+                self.nftables.join(", ")
+            ));
         }
         for (backend, chains) in [
             ("iptables-nft", &self.iptables_nft),
@@ -70,7 +73,7 @@ impl KubeProxyState {
                 let shown: Vec<&str> = chains.iter().take(3).map(String::as_str).collect();
                 let more = if chains.len() > 3 { ", …" } else { "" };
                 parts.push(format!(
-                    "iptables mode's {} KUBE-* chains through {backend} ({}{more})",
+                    "iptables mode's {} chains through {backend} ({}{more})",
                     chains.len(),
                     shown.join(", ")
                 ));
@@ -240,6 +243,7 @@ mod tests {
                 "KUBE-SERVICES",
                 "KUBE-SVC-ABC",
                 "KUBE-POSTROUTING",
+                "KUBE-FIREWALL",
                 "DOCKER",
             ]
             .map(String::from)
@@ -250,6 +254,7 @@ mod tests {
                 rule("OUTPUT", 4, &["KUBE-SERVICES"]),
                 rule("OUTPUT", 5, &[]),
                 rule("POSTROUTING", 6, &["KUBE-POSTROUTING"]),
+                rule("OUTPUT", 9, &["KUBE-FIREWALL"]),
                 rule("KUBE-SERVICES", 7, &["KUBE-SVC-ABC"]),
                 rule("DOCKER", 8, &[]),
             ],
@@ -290,7 +295,7 @@ mod tests {
         };
         assert_eq!(
             s.summary(),
-            "nftables mode's tables ip kube-proxy; iptables mode's 5 KUBE-* chains through \
+            "nftables mode's tables ip kube-proxy; iptables mode's 5 chains through \
              iptables-nft (ip nat KUBE-SVC-0, ip nat KUBE-SVC-1, ip nat KUBE-SVC-2, …)"
         );
         assert_eq!(KubeProxyState::default().summary(), "none");

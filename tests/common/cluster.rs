@@ -239,7 +239,13 @@ impl RealCluster {
 
     /// Creates our Node object (`NODE`, `NODE_V4`/`NODE_V6` InternalIPs) with
     /// `labels`.
-    pub fn create_node(&self, name: &str, v4: std::net::Ipv4Addr, v6: std::net::Ipv6Addr, zone: Option<&str>) {
+    pub fn create_node(
+        &self,
+        name: &str,
+        v4: std::net::Ipv4Addr,
+        v6: std::net::Ipv6Addr,
+        zone: Option<&str>,
+    ) {
         let mut labels = serde_json::json!({"kubernetes.io/hostname": name});
         if let Some(z) = zone {
             labels["topology.kubernetes.io/zone"] = z.into();
@@ -350,11 +356,14 @@ impl RealKubeProxy {
             for base in ["iptables", "ip6tables"] {
                 for tail in ["", "-save", "-restore"] {
                     let target = format!("/usr/sbin/{base}-{suffix}{tail}");
-                    std::os::unix::fs::symlink(&target, dir.join(format!("{base}{tail}")))
-                        .unwrap();
+                    std::os::unix::fs::symlink(&target, dir.join(format!("{base}{tail}"))).unwrap();
                 }
             }
-            let path = format!("{}:{}", dir.display(), std::env::var("PATH").unwrap_or_default());
+            let path = format!(
+                "{}:{}",
+                dir.display(),
+                std::env::var("PATH").unwrap_or_default()
+            );
             cmd.env("PATH", path);
             path_dir = Some(dir);
         }

@@ -44,8 +44,6 @@ pub use self::table::{Chain, ChainKind, Removed, RemovedRule, Table};
 
 /// The tables kube-proxy's iptables mode writes to.
 pub const KUBE_PROXY_TABLES: [&str; 3] = ["nat", "filter", "mangle"];
-/// The prefix of every chain kube-proxy (and the kubelet) creates.
-pub const KUBE_CHAIN_PREFIX: &str = "KUBE-";
 
 /// How often a read-modify-write is tried when the table keeps changing.
 const ATTEMPTS: usize = 5;
@@ -368,11 +366,42 @@ pub fn remove_chains(
     }
 }
 
-/// True for the chains kube-proxy's iptables mode (and the kubelet) creates:
-/// those named `KUBE-*`. A chain is recognised by this known prefix alone: a
-/// `KUBE-` chain someone else created is not told apart.
+/// kube-proxy's own chains, by their names in upstream's iptables and ipvs
+/// proxiers (`pkg/proxy/iptables`, `pkg/proxy/ipvs`).
+pub const KUBE_PROXY_CHAINS: [&str; 13] = [
+    "KUBE-SERVICES",
+    "KUBE-EXTERNAL-SERVICES",
+    "KUBE-NODEPORTS",
+    "KUBE-POSTROUTING",
+    "KUBE-MARK-MASQ",
+    "KUBE-FORWARD",
+    "KUBE-PROXY-FIREWALL",
+    "KUBE-PROXY-CANARY",
+    "KUBE-SOURCE-RANGES-FIREWALL",
+    "KUBE-NODE-PORT",
+    "KUBE-LOAD-BALANCER",
+    "KUBE-IPVS-FILTER",
+    "KUBE-IPVS-OUT-FILTER",
+];
+
+/// The prefixes of kube-proxy's per-Service and per-endpoint chains.
+pub const KUBE_PROXY_CHAIN_PREFIXES: [&str; 5] = [
+    "KUBE-SVC-",
+    "KUBE-SVL-",
+    "KUBE-FW-",
+    "KUBE-EXT-",
+    "KUBE-SEP-",
+];
+
+/// True for the chains kube-proxy creates: [`KUBE_PROXY_CHAINS`] and the
+/// per-Service chains of [`KUBE_PROXY_CHAIN_PREFIXES`]. The kubelet's chains
+/// (`KUBE-FIREWALL`, `KUBE-KUBELET-CANARY`, `KUBE-IPTABLES-HINT`) and any other
+/// `KUBE-` chain are not kube-proxy's.
 pub fn is_kube_proxy_chain(name: &str) -> bool {
-    name.starts_with(KUBE_CHAIN_PREFIX)
+    KUBE_PROXY_CHAINS.contains(&name)
+        || KUBE_PROXY_CHAIN_PREFIXES
+            .iter()
+            .any(|p| name.starts_with(p))
 }
 
 /// The `KUBE-*` user-defined chains in the legacy `nat`, `filter` and
