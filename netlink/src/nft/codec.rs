@@ -1489,7 +1489,11 @@ fn c_string(v: &[u8]) -> String {
 const NFTA_RULE_TABLE: u16 = 1;
 const NFTA_RULE_CHAIN: u16 = 2;
 const NFTA_RULE_HANDLE: u16 = 3;
+const NFTA_RULE_EXPRESSIONS: u16 = 4;
 const NFTA_RULE_USERDATA: u16 = 7;
+const NFTA_EXPR_NAME: u16 = 1;
+const NFTA_EXPR_DATA: u16 = 2;
+const NFTA_IMMEDIATE_DATA: u16 = 2;
 
 /// The payload of a `NEWRULE` dump message, reduced to what a dump needs (table,
 /// chain, handle, userdata): the expressions are identified by the fingerprint in
@@ -1507,10 +1511,67 @@ pub(crate) fn parse_rule_message(payload: &[u8]) -> nl::RuleMessage {
                 attributes.push(nl::RuleAttribute::Handle(u64::from_be_bytes(be)));
             }
             NFTA_RULE_USERDATA => attributes.push(nl::RuleAttribute::UserData(value.to_vec())),
+            NFTA_RULE_EXPRESSIONS => {
+                let jumps = verdict_chains(value);
+                if !jumps.is_empty() {
+                    attributes.push(nl::RuleAttribute::Expressions(jumps));
+                }
+            }
             _ => {}
         }
     }
     nl::RuleMessage { attributes }
+}
+
+/// Of a rule's `NFTA_RULE_EXPRESSIONS`, only the `immediate` verdicts that name a
+/// chain (`jump`/`goto`, iptables-nft's `-j CHAIN`), each as an `immediate`
+/// expression holding that verdict; other expressions are not decoded.
+fn verdict_chains(exprs: &[u8]) -> Vec<ListAttribute<ExpressionAttribute>> {
+    let mut out = Vec::new();
+    for (kind, expr) in nlas(exprs) {
+        if kind != NFTA_LIST_ELEM {
+            continue;
+        }
+        let is_immediate =
+            nlas(expr).any(|(k, v)| k == NFTA_EXPR_NAME && c_string(v) == "immediate");
+        let Some((_, data)) = nlas(expr).find(|(k, _)| *k == NFTA_EXPR_DATA) else {
+            continue;
+        };
+        if !is_immediate {
+            continue;
+        }
+        for (k, imm) in nlas(data) {
+            if k != NFTA_IMMEDIATE_DATA {
+                continue;
+            }
+            for (k, verdict) in nlas(imm) {
+                if k != NFTA_DATA_VERDICT {
+                    continue;
+                }
+                let attrs: Vec<nl::VerdictAttribute> = nlas(verdict)
+                    .filter_map(|(k, v)| match k {
+                        NFTA_VERDICT_CODE if v.len() >= 4 => Some(nl::VerdictAttribute::Code(
+                            nl::Verdict::from(u32::from_be_bytes([v[0], v[1], v[2], v[3]])),
+                        )),
+                        NFTA_VERDICT_CHAIN => Some(nl::VerdictAttribute::Chain(c_string(v))),
+                        _ => None,
+                    })
+                    .collect();
+                if attrs
+                    .iter()
+                    .any(|a| matches!(a, nl::VerdictAttribute::Chain(_)))
+                {
+                    out.push(ListAttribute::Element(vec![
+                        ExpressionAttribute::Name("immediate".into()),
+                        ExpressionAttribute::Data(nl::Expressions::Immediate(vec![
+                            nl::Immediate::Data(nl::DataAttribute::Verdict(attrs)),
+                        ])),
+                    ]));
+                }
+            }
+        }
+    }
+    out
 }
 
 const NFTA_SET_TABLE: u16 = 1;
