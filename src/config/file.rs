@@ -918,7 +918,7 @@ bogusField: 1
             ),
             (
                 "logging: {format: xml}",
-                r#"KubeProxyConfiguration.logging.format: Unsupported value: "xml": supported values: "json", "text""#,
+                r#"KubeProxyConfiguration.logging.format: Invalid value: "xml": Unsupported log format"#,
             ),
             (
                 "showHiddenMetricsForVersion: \"1.20\"",

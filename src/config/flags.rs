@@ -107,10 +107,10 @@ pub const FLAGS: &[Flag] = &[
     },
     f(
         "--version",
-        Some("[=true|raw]"),
+        B,
         Any,
         Upstream,
-        "print kube-nlproxy's version and exit",
+        "print kube-nlproxy's version and exit (also --version=raw)",
     ),
     f(
         "--config",

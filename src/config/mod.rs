@@ -487,12 +487,7 @@ where
             "--help" if value::parse_go_bool(&g.value) != Some(false) => {
                 return Err(ConfigError::Help(explicit.then_some(command)));
             }
-            "--version"
-                if !matches!(
-                    g.value.as_str(),
-                    "false" | "0" | "f" | "F" | "FALSE" | "False"
-                ) =>
-            {
+            "--version" if g.value == "raw" || value::parse_go_bool(&g.value) == Some(true) => {
                 return Err(ConfigError::Version);
             }
             _ => {}
@@ -705,6 +700,16 @@ fn apply_flag(cfg: &mut Config, late: &mut LateFlags, g: &Given) -> Result<(), F
     let path = field_of(name);
     if !path.is_empty() {
         late.origins.insert(path, g.typed.clone());
+    }
+    if name == "--help" || name == "--version" {
+        // Handled before; `--version=vX.Y.Z` sets upstream's reported version.
+        if name == "--version" && v.starts_with('v') {
+            cfg.warnings.push(format!(
+                "{}={v}: no effect: kube-nlproxy reports its own version",
+                g.typed
+            ));
+        }
+        return Ok(());
     }
     let quoted = || value::go_quote(v);
     let invalid = |detail: String| value::FieldError::invalid(path, value::go_quote(v), detail);

@@ -241,7 +241,7 @@ pub fn vmodule(path: &str, v: &str) -> Result<Vec<(String, u8)>, FieldError> {
                 return Err(FieldError::invalid(
                     path,
                     go_quote(v),
-                    "expect comma-separated list of pattern=N",
+                    format!("{} does not have the pattern=N format", go_quote(part)),
                 ));
             }
         }
@@ -254,7 +254,11 @@ pub fn log_format(path: &str, v: &str) -> Result<super::LogFormat, FieldError> {
     match v {
         "" | "text" => Ok(super::LogFormat::Text),
         "json" => Ok(super::LogFormat::Json),
-        _ => Err(FieldError::unsupported(path, v, &["json", "text"])),
+        _ => Err(FieldError::invalid(
+            path,
+            go_quote(v),
+            "Unsupported log format",
+        )),
     }
 }
 
@@ -372,6 +376,14 @@ pub fn validate(cfg: &mut Config, origins: &BTreeMap<&'static str, String>) -> V
                 why,
             )),
         }
+    }
+    if cfg.log_format == super::LogFormat::Json
+        && !features::enabled(&cfg.feature_gates, "LoggingBetaOptions")
+    {
+        errors.push(FieldError::forbidden(
+            "logging.format",
+            "Feature LoggingBetaOptions is disabled: the json format needs it",
+        ));
     }
     if cfg.mode == ProxyMode::Ipvs && !features::enabled(&cfg.feature_gates, "KubeProxyIPVS") {
         errors.push(FieldError::invalid(
