@@ -67,7 +67,7 @@ fn main() -> ExitCode {
         Err(e) => return fail("cannot drop privileges", &e),
     };
     if cfg.command == Command::Run
-        && !cfg.once
+        && (!cfg.once || cfg.init_only)
         && let Some(adj) = cfg.oom_score_adj
         && let Err(e) = privileges.with_sys_resource(|| host::apply_oom_score_adj(adj))
     {
@@ -75,6 +75,13 @@ fn main() -> ExitCode {
     }
     if let Err(e) = privileges.drop_sys_resource() {
         return fail("cannot drop CAP_SYS_RESOURCE", &e);
+    }
+    if cfg.init_only {
+        // kube-proxy's --init-only: the set-up that needs privileges (oom_score_adj
+        // above, the conntrack sysctls here), then exit.
+        host::apply_conntrack(&cfg.conntrack);
+        tracing::info!("Initialization done (--init-only)");
+        return ExitCode::SUCCESS;
     }
 
     let runtime = match tokio::runtime::Builder::new_current_thread()

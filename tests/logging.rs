@@ -143,3 +143,62 @@ fn a_missing_config_file_says_its_cause_once() {
     assert_eq!(err.matches("No such file or directory").count(), 1, "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
 }
+
+/// `run --init-only` with a conntrack block that writes nothing: only the
+/// process's own oom_score_adj changes. Needs root (privileges are dropped).
+fn init_only(extra: &[&str]) -> Option<Output> {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    if !status
+        .lines()
+        .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"))
+    {
+        eprintln!("skipped: needs root");
+        return None;
+    }
+    let out = Command::new(BIN)
+        .args([
+            "run",
+            "--init-only",
+            "--conntrack-max-per-core=0",
+            "--conntrack-tcp-timeout-established=0",
+            "--conntrack-tcp-timeout-close-wait=0",
+            "--hostname-override=node-a",
+        ])
+        .args(extra)
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    Some(out)
+}
+
+#[test]
+fn run_logs_the_version_and_the_configuration_at_start() {
+    let Some(out) = init_only(&[]) else { return };
+    let err = stderr(&out);
+    let start = err
+        .lines()
+        .find(|l| l.contains("Starting kube-nlproxy"))
+        .unwrap_or_else(|| panic!("no start-up line:\n{err}"));
+    let body = klog_body(start).unwrap();
+    let version = format!("version=\"kube-nlproxy v{}\"", env!("CARGO_PKG_VERSION"));
+    assert!(body.contains(&version), "{body}");
+    assert!(
+        body.contains(r#"\"hostnameOverride\":\"node-a\""#),
+        "{body}"
+    );
+
+    let Some(out) = init_only(&["--logging-format=json"]) else {
+        return;
+    };
+    let err = stderr(&out);
+    let start: serde_json::Value = err
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|v| v["msg"] == "Starting kube-nlproxy")
+        .unwrap_or_else(|| panic!("no start-up line:\n{err}"));
+    assert_eq!(start["v"], 0);
+    assert_eq!(start["config"]["kind"], "KubeProxyConfiguration");
+    assert_eq!(start["config"]["hostnameOverride"], "node-a");
+    assert_eq!(start["config"]["logging"]["format"], "json");
+}
