@@ -308,7 +308,7 @@ fn text_line(
             }
             // klog writes a multi-line string as an indented block.
             Val::Str(s) if s.contains('\n') => {
-                let _ = write!(out, " {k}=<\n");
+                let _ = writeln!(out, " {k}=<");
                 for l in s.trim_end_matches('\n').split('\n') {
                     let _ = writeln!(out, "\t{l}");
                 }

@@ -759,7 +759,7 @@ pub fn help(cmd: Command) -> String {
     let mut s = format!("Usage: {usage}\n\n{what}\n\n");
     let own: Vec<&Flag> = FLAGS
         .iter()
-        .filter(|f| !matches!(f.scope, Scope::Config | Scope::Any) && f.scope.applies_to(cmd))
+        .filter(|f| f.scope != Scope::Config && f.scope.applies_to(cmd))
         .collect();
     if !own.is_empty() {
         s.push_str("Flags:\n");
@@ -770,10 +770,7 @@ pub fn help(cmd: Command) -> String {
     }
     if cmd == Command::Run {
         s.push_str("Configuration flags (kube-proxy's names; every command takes them):\n");
-        for f in FLAGS
-            .iter()
-            .filter(|f| matches!(f.scope, Scope::Config | Scope::Any))
-        {
+        for f in FLAGS.iter().filter(|f| f.scope == Scope::Config) {
             s.push_str(&line(f));
         }
     } else {

@@ -744,19 +744,15 @@ fn apply_flag(cfg: &mut Config, late: &mut LateFlags, g: &Given) -> Result<(), F
             "--bind-address-hard-fail" => cfg.bind_address_hard_fail = on,
             "--skip-headers" => cfg.log_skip_headers = on,
             "--add-dir-header" => cfg.log_add_dir_header = on,
-            "--cleanup" => {
-                if on {
-                    cfg.command = Command::Cleanup
-                }
-            }
-            "--log-json-split-stream" | "--log-text-split-stream" => {
-                if on && !features::enabled(&cfg.feature_gates, "LoggingAlphaOptions") {
-                    return Err(value::FieldError::forbidden(
-                        path,
-                        "Feature LoggingAlphaOptions is disabled",
-                    )
-                    .into());
-                }
+            "--cleanup" if on => cfg.command = Command::Cleanup,
+            "--log-json-split-stream" | "--log-text-split-stream"
+                if on && !features::enabled(&cfg.feature_gates, "LoggingAlphaOptions") =>
+            {
+                return Err(value::FieldError::forbidden(
+                    path,
+                    "Feature LoggingAlphaOptions is disabled",
+                )
+                .into());
             }
             // Checked, no effect (warned above).
             _ => {}
