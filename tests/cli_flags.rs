@@ -277,6 +277,9 @@ fn commands_take_their_own_flags_only() {
     // The flags of `cleanup --kube-proxy` and `--keep-kube-proxy-state` still parse.
     let (written, _) = write_config(&["--keep-kube-proxy-state"], "keep.yaml");
     assert!(written.contains("keepKubeProxyState: true"), "{written}");
+    // An empty --hostname-override (a DaemonSet's unset $(NODE_NAME)) is unset.
+    let (written, _) = write_config(&["--hostname-override="], "empty-host.yaml");
+    assert!(written.contains("hostnameOverride: \"\""), "{written}");
 }
 
 /// Each rule of kube-proxy's validation, broken once: exit 2 and the field.

@@ -412,6 +412,8 @@ fn apply_flag(cfg: &mut Config, late: &mut LateFlags, g: &Given) -> Result<(), F
             }
         }
         "--proxy-mode" => cfg.mode = validate::proxy_mode("mode", v)?,
+        // As kube-proxy: empty is unset; blanks only are an error.
+        "--hostname-override" if v.is_empty() => {}
         "--hostname-override" => {
             let h = v.trim();
             if h.is_empty() {
