@@ -585,6 +585,29 @@ fn the_real_kube_proxy_help_lists_nothing_we_miss() {
             kube_proxy.display()
         );
     }
+    // kube-proxy's own --write-config-to loads here (its `mode: iptables` aside),
+    // and ours loads in kube-proxy.
+    let theirs = tmp("theirs.yaml");
+    let out = Command::new(&kube_proxy)
+        .args(["--write-config-to", &theirs.display().to_string()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let t = std::fs::read_to_string(&theirs)
+        .unwrap()
+        .replace("mode: iptables", "mode: nftables");
+    std::fs::write(&theirs, t).unwrap();
+    let (ours, stderr) = write_config(&["--config", &theirs.display().to_string()], "ours.yaml");
+    assert!(!stderr.lines().any(|l| l.starts_with('W')), "{stderr}");
+    let out = Command::new(&kube_proxy)
+        .args(["--config", &tmp("ours.yaml").display().to_string()])
+        .args([
+            "--write-config-to",
+            &tmp("theirs-again.yaml").display().to_string(),
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{ours}\n{}", text(&out));
     // Each gate at its default, all at once: accepted.
     let gates = upstream_gates(&help);
     assert!(gates.len() > 50, "{help}");

@@ -242,12 +242,15 @@ fn yaml_options() -> serde_saphyr::Options {
     }
 }
 
-/// `false`, `""`, `{}`, `null`: a field at its default.
+/// `false`, `""`, `"0"`, `0`, `null`, or a mapping of those: a field at its default
+/// (as `kube-proxy --write-config-to` writes them).
 fn is_default(v: &Value) -> bool {
     match v {
         Value::Null | Value::Bool(false) => true,
-        Value::String(s) => s.is_empty(),
-        Value::Object(m) => m.is_empty(),
+        Value::String(s) => s.is_empty() || s == "0",
+        Value::Number(n) => n.as_f64() == Some(0.0),
+        Value::Object(m) => m.values().all(is_default),
+        Value::Array(items) => items.is_empty(),
         _ => false,
     }
 }
@@ -553,6 +556,7 @@ fn read_logging(r: &mut Reader, v: &Value, cfg: &mut Config) {
                     r.duration(&sub, v, true);
                 }
             }
+            "options" if is_default(v) => {}
             "options" => r.warnings.push(format!(
                 "{sub}: accepted, no effect: every line goes to stderr at once"
             )),
@@ -612,12 +616,9 @@ fn read_mode_block(r: &mut Reader, name: &str, v: &Value, applies: bool, cfg: &m
                 }
             }
             "conntrack" if name == "linux" => read_conntrack(r, &sub, v, cfg),
+            // iptables mode only: kube-proxy ignores it in nftables mode too.
             "localhostNodePorts" if name != "linux" => {
-                if r.boolean(&sub, v) == Some(true) {
-                    r.warnings.push(format!(
-                        "{sub}: no effect: NodePorts are never served on loopback addresses, as in kube-proxy's nftables mode"
-                    ))
-                }
+                r.boolean(&sub, v);
             }
             _ => r.unknown(&sub),
         }
@@ -941,6 +942,89 @@ bogusField: 1
             cfg.bind_address_node_ip(),
             Some("10.0.0.2".parse().unwrap())
         );
+    }
+
+    /// What `kube-proxy --write-config-to` (v1.37.2) writes, with `mode: nftables`.
+    const UPSTREAM_DEFAULTS: &str = r#"apiVersion: kubeproxy.config.k8s.io/v1alpha1
+bindAddress: 0.0.0.0
+bindAddressHardFail: false
+clientConnection:
+  acceptContentTypes: ""
+  burst: 10
+  contentType: application/vnd.kubernetes.protobuf
+  kubeconfig: ""
+  qps: 5
+clusterCIDR: ""
+configSyncPeriod: 15m0s
+conntrack:
+  maxPerCore: 32768
+  min: 131072
+  tcpBeLiberal: false
+  tcpCloseWaitTimeout: 1h0m0s
+  tcpEstablishedTimeout: 24h0m0s
+  udpStreamTimeout: 0s
+  udpTimeout: 0s
+detectLocal:
+  bridgeInterface: ""
+  interfaceNamePrefix: ""
+detectLocalMode: ClusterCIDR
+enableProfiling: false
+healthzBindAddress: 0.0.0.0:10256
+hostnameOverride: ""
+iptables:
+  localhostNodePorts: true
+  masqueradeAll: false
+  masqueradeBit: 14
+  minSyncPeriod: 1s
+  syncPeriod: 30s
+ipvs:
+  excludeCIDRs: null
+  minSyncPeriod: 0s
+  scheduler: ""
+  strictARP: false
+  syncPeriod: 0s
+  tcpFinTimeout: 0s
+  tcpTimeout: 0s
+  udpTimeout: 0s
+kind: KubeProxyConfiguration
+logging:
+  flushFrequency: 5s
+  format: text
+  options:
+    json:
+      infoBufferSize: "0"
+    text:
+      infoBufferSize: "0"
+  verbosity: 0
+metricsBindAddress: 127.0.0.1:10249
+mode: nftables
+nftables:
+  masqueradeAll: false
+  masqueradeBit: 14
+  minSyncPeriod: 0s
+  syncPeriod: 0s
+nodePortAddresses: null
+oomScoreAdj: -999
+portRange: ""
+showHiddenMetricsForVersion: ""
+winkernel:
+  enableDSR: false
+  forwardHealthCheckVip: false
+  networkName: ""
+  rootHnsEndpointName: ""
+  sourceVip: ""
+"#;
+
+    #[test]
+    fn kube_proxys_own_defaults_load_without_a_warning() {
+        let cfg = apply(UPSTREAM_DEFAULTS, Config::default()).unwrap();
+        assert!(cfg.warnings.is_empty(), "{:?}", cfg.warnings);
+        let mut want = Config {
+            detect_local_mode: Some(DetectLocalMode::ClusterCidr),
+            ..Config::default()
+        };
+        want.warnings.clear();
+        assert_eq!(cfg, want);
     }
 
     #[test]
