@@ -1028,6 +1028,31 @@ winkernel:
     }
 
     #[test]
+    fn logging_block_and_flags() {
+        let dir = std::env::temp_dir().join(format!("knp-logging-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("config.yaml");
+        std::fs::write(
+            &path,
+            "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nlogging:\n  format: json\n  verbosity: 3\n  vmodule: [{filePattern: daemon, verbosity: 5}]\n",
+        )
+        .unwrap();
+        let p = path.display().to_string();
+        let cfg = parse_args(["--config", &p]).unwrap();
+        assert_eq!(cfg.log_format, crate::config::LogFormat::Json);
+        assert_eq!(cfg.verbosity, 3);
+        assert_eq!(cfg.vmodule, [("daemon".to_string(), 5)]);
+        // Flags win: -v replaces, --vmodule's patterns come first.
+        let cfg = parse_args(["--config", &p, "-v=1", "--vmodule=sync*=4"]).unwrap();
+        assert_eq!(cfg.verbosity, 1);
+        assert_eq!(
+            cfg.vmodule,
+            [("sync*".to_string(), 4), ("daemon".to_string(), 5)]
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn several_documents_get_a_sentence() {
         let head = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n";
         let err = apply(&format!("{head}---\n{head}"), Config::default()).unwrap_err();

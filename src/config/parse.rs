@@ -197,6 +197,8 @@ pub(crate) struct LateFlags {
     iptables_min_sync: Option<Duration>,
     healthz_port: Option<u16>,
     metrics_port: Option<u16>,
+    /// `logging.vmodule` of the file, kept behind the flag's patterns.
+    file_vmodule: Option<Vec<(String, u8)>>,
     /// Field path (below KubeProxyConfiguration) -> the flag that set it.
     pub(crate) origins: BTreeMap<&'static str, String>,
 }
@@ -493,7 +495,15 @@ fn apply_flag(cfg: &mut Config, late: &mut LateFlags, g: &Given) -> Result<(), F
         "-v" | "--v" => {
             cfg.verbosity = validate::verbosity(path, v)?;
         }
-        "--vmodule" => cfg.vmodule = validate::vmodule(path, v)?,
+        // As kube-proxy: the flag's patterns first (they win), then the file's.
+        "--vmodule" => {
+            let from_file = late
+                .file_vmodule
+                .get_or_insert_with(|| cfg.vmodule.clone())
+                .clone();
+            cfg.vmodule = validate::vmodule(path, v)?;
+            cfg.vmodule.extend(from_file);
+        }
         "--logging-format" => cfg.log_format = validate::log_format(path, v)?,
         "--masquerade-bit" | "--iptables-masquerade-bit" => {
             cfg.masquerade_bit = validate::masquerade_bit(path, int()?)?
