@@ -467,6 +467,14 @@ mod tests {
             ConfigError::MissingValue("--source".into())
         );
         assert_eq!(parse_args(["--cleanup"]).unwrap().command, Command::Cleanup);
+        let c = parse_args(["--cleanup", "--kube-proxy"]).unwrap();
+        assert!(c.command == Command::Cleanup && c.cleanup_kube_proxy);
+        let c = parse_args(["cleanup", "--kube-proxy"]).unwrap();
+        assert!(c.command == Command::Cleanup && c.cleanup_kube_proxy);
+        assert!(matches!(
+            parse_args(["--kube-proxy"]),
+            Err(ConfigError::FlagNotForCommand { .. })
+        ));
     }
 
     #[test]

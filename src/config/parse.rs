@@ -108,8 +108,13 @@ where
             _ => {}
         }
     }
+    // `--cleanup` (run's) is the cleanup command: it takes `--kube-proxy` too.
+    let cleanup_flag = given
+        .iter()
+        .any(|g| g.flag.name == "--cleanup" && value::parse_go_bool(&g.value) == Some(true));
     for g in &given {
-        if !g.flag.scope.applies_to(command) {
+        let by_cleanup = cleanup_flag && g.flag.scope.applies_to(Command::Cleanup);
+        if !g.flag.scope.applies_to(command) && !by_cleanup {
             return Err(ConfigError::FlagNotForCommand {
                 flag: g.typed.clone(),
                 command: command.name(),
