@@ -6,6 +6,7 @@
 pub mod config;
 pub mod daemon;
 pub mod driver;
+pub mod logging;
 pub mod mode;
 pub mod model;
 pub mod privileges;

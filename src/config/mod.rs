@@ -1,13 +1,26 @@
-//! Command line, with kube-proxy's flag names and defaults.
+//! Command line, with kube-proxy's flag names, defaults and validation.
 //!
 //! Flags take `--name value` or `--name=value`; booleans take `--name` or
-//! `--name=true|false`. `--config FILE` loads a `KubeProxyConfiguration` first;
-//! flags given on the command line override it.
+//! `--name=true|false`; `_` in a name reads as `-` (`--log_dir`), as kube-proxy's
+//! flag set normalizes it. `--config FILE` loads a `KubeProxyConfiguration` first;
+//! flags given on the command line override it. A value kube-proxy would reject is
+//! an error naming the field (`KubeProxyConfiguration.syncPeriod: Invalid value:
+//! ...`), which `main` turns into exit status 2.
 
+pub mod features;
 pub mod file;
+pub mod flags;
 pub mod host;
+mod known_gates;
+mod parse;
+pub mod validate;
+pub mod value;
+pub mod write;
 
-use std::net::IpAddr;
+pub use parse::parse_args;
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -36,6 +49,16 @@ pub enum Output {
     #[default]
     Text,
     /// For tools.
+    Json,
+}
+
+/// `--logging-format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LogFormat {
+    /// klog's text lines (default).
+    #[default]
+    Text,
+    /// component-base's JSON lines.
     Json,
 }
 
@@ -81,7 +104,7 @@ pub enum NodePortAddressesFlag {
     Cidrs(Vec<IpNet>),
 }
 
-/// Parsed command line.
+/// Parsed command line and configuration file.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     /// Sub-command.
@@ -131,6 +154,40 @@ pub struct Config {
     pub metrics_bind_address: String,
     /// `-v` / `--v` log verbosity (0..)
     pub verbosity: u8,
+    /// `--vmodule pattern=N,...` (file: `logging.vmodule`): per-file or per-module
+    /// verbosity.
+    pub vmodule: Vec<(String, u8)>,
+    /// `--logging-format` (file: `logging.format`).
+    pub log_format: LogFormat,
+    /// `--skip-headers`: text lines without the klog header.
+    pub log_skip_headers: bool,
+    /// `--add-dir-header`: the source file's directory in the klog header.
+    pub log_add_dir_header: bool,
+    /// `--bind-address` (file: `bindAddress`, default 0.0.0.0): when not 0.0.0.0
+    /// or ::, the node's primary IP, as kube-proxy takes it (see
+    /// [`Config::bind_address_node_ip`]).
+    pub bind_address: IpAddr,
+    /// `--bind-address-hard-fail` (`bindAddressHardFail`): a health or metrics
+    /// server that cannot bind its port is fatal.
+    pub bind_address_hard_fail: bool,
+    /// `--kube-api-qps` (`clientConnection.qps`, 5).
+    pub kube_api_qps: f32,
+    /// `--kube-api-burst` (`clientConnection.burst`, 10).
+    pub kube_api_burst: i32,
+    /// `--kube-api-content-type` (`clientConnection.contentType`,
+    /// `application/vnd.kubernetes.protobuf`).
+    pub kube_api_content_type: String,
+    /// `clientConnection.acceptContentTypes` (empty: the client's default).
+    pub kube_api_accept_content_types: String,
+    /// `--feature-gates` (`featureGates`), as given; each was checked by
+    /// [`features::check`].
+    pub feature_gates: BTreeMap<String, bool>,
+    /// `--init-only`: do the node set-up that needs full privileges, then exit 0.
+    pub init_only: bool,
+    /// `--write-config-to FILE`: write the effective configuration there and exit.
+    pub write_config_to: Option<PathBuf>,
+    /// `--config-sync-period` (`configSyncPeriod`, 15m): checked, no effect.
+    pub config_sync_period: Duration,
     /// `--config`
     pub config_file: Option<PathBuf>,
     /// `masqueradeBit` (14): the packet-mark bit that asks for masquerade.
@@ -190,6 +247,20 @@ impl Default for Config {
             healthz_bind_address: "0.0.0.0:10256".into(),
             metrics_bind_address: "127.0.0.1:10249".into(),
             verbosity: 0,
+            vmodule: Vec::new(),
+            log_format: LogFormat::Text,
+            log_skip_headers: false,
+            log_add_dir_header: false,
+            bind_address: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            bind_address_hard_fail: false,
+            kube_api_qps: 5.0,
+            kube_api_burst: 10,
+            kube_api_content_type: "application/vnd.kubernetes.protobuf".into(),
+            kube_api_accept_content_types: String::new(),
+            feature_gates: BTreeMap::new(),
+            init_only: false,
+            write_config_to: None,
+            config_sync_period: Duration::from_secs(15 * 60),
             config_file: None,
             masquerade_bit: 14,
             ipvs_scheduler: "rr".into(),
@@ -208,17 +279,42 @@ impl Default for Config {
     }
 }
 
-/// A command-line error, naming the flag.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+impl Config {
+    /// The node IP `--bind-address` / `bindAddress` sets, as kube-proxy reads it:
+    /// when it is not 0.0.0.0 or ::, it is the node's primary IP (its family is the
+    /// primary family), overriding the Node object's address of that family.
+    pub fn bind_address_node_ip(&self) -> Option<IpAddr> {
+        (!self.bind_address.is_unspecified()).then_some(self.bind_address)
+    }
+}
+
+/// Why the command line or the configuration cannot be used.
+#[derive(Debug, thiserror::Error, PartialEq)]
 pub enum ConfigError {
     /// Unknown flag.
-    #[error("unknown flag {0} (see --help)")]
+    #[error("unknown flag: {0} (see kube-nlproxy help)")]
     UnknownFlag(String),
+    /// An unknown command word.
+    #[error(
+        "unknown command {0:?} for \"kube-nlproxy\" (commands: run, plan, explain, status, cleanup, help)"
+    )]
+    UnknownCommand(String),
+    /// A flag that another command takes.
+    #[error("flag {flag} does not apply to {command:?} (see kube-nlproxy help {command})")]
+    FlagNotForCommand {
+        /// the flag
+        flag: String,
+        /// the command
+        command: &'static str,
+    },
+    /// An argument that is neither a flag nor expected.
+    #[error("unexpected argument {0:?}")]
+    UnexpectedArgument(String),
     /// A flag without its value.
-    #[error("flag {0} needs a value")]
+    #[error("flag needs an argument: {0}")]
     MissingValue(String),
-    /// A value that does not parse.
-    #[error("invalid value {value:?} for {flag}: {reason}")]
+    /// A value that does not parse, for a flag that sets no configuration field.
+    #[error("invalid argument {value:?} for {flag}: {reason}")]
     InvalidValue {
         /// flag
         flag: String,
@@ -227,10 +323,13 @@ pub enum ConfigError {
         /// why
         reason: String,
     },
-    /// `--help`
+    /// `--help`, `-h`, `help [CMD]`: print [`help_text`] of the command.
     #[error("help requested")]
-    Help,
-    /// `--config FILE` could not be used.
+    Help(Option<Command>),
+    /// `--version`.
+    #[error("version requested")]
+    Version,
+    /// `--config FILE` could not be read or is not a KubeProxyConfiguration.
     #[error("--config {path}: {reason}")]
     ConfigFile {
         /// the file
@@ -238,417 +337,65 @@ pub enum ConfigError {
         /// why
         reason: String,
     },
+    /// Values kube-proxy would reject, one line each.
+    #[error("{}", join_lines(.0))]
+    Invalid(Vec<value::FieldError>),
 }
 
-/// Usage text.
-pub const USAGE: &str = "\
-kube-nlproxy — a Kubernetes service proxy that programs the dataplane over netlink
+fn join_lines(errors: &[value::FieldError]) -> String {
+    let lines: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    lines.join("\n")
+}
 
-USAGE:
-  kube-nlproxy [run] [FLAGS]      the proxy (default)
-  kube-nlproxy plan [FLAGS]       print the netlink operations a sync would send
-  kube-nlproxy cleanup            delete everything kube-nlproxy created (also --cleanup)
-  kube-nlproxy cleanup --kube-proxy
-                                  delete kube-proxy's rules (its nft tables, its KUBE-*
-                                  iptables chains and the jumps to them), nothing else
-  kube-nlproxy explain IP:PORT[/tcp|udp|sctp] [--from SRC_IP] [FLAGS]
-                                  where a new connection would go, read from the kernel
-                                  (with --source also compared with the desired state).
-                                  Exit status: 0 served, 3 rejected, 4 dropped,
-                                  5 not a service, 1 error
-  kube-nlproxy status [FLAGS]     mode, node, what is programmed, last sync, last error,
-                                  drift repairs (from the daemon's metrics server, else
-                                  from the kernel)
-  --output text|json              for plan, explain and status (default text)
+/// The usage text (`kube-nlproxy help`).
+pub fn usage() -> String {
+    flags::usage()
+}
 
-FLAGS (kube-proxy names):
-  --source kube|file:PATH         where objects come from (default kube)
-  --proxy-mode nftables|ipvs      (default nftables)
-  --hostname-override NAME        node name (default: host name)
-  --node-ip IP[,IP]               node IPs (default: from the Node object)
-  --cluster-cidr CIDR[,CIDR]      pod network, for --detect-local-mode ClusterCIDR
-  --detect-local-mode MODE        ClusterCIDR|NodeCIDR|BridgeInterface|InterfaceNamePrefix
-  --pod-bridge-interface NAME     for BridgeInterface
-  --pod-interface-name-prefix P   for InterfaceNamePrefix
-  --nodeport-addresses primary|CIDR[,CIDR]   (default primary)
-  --masquerade-all                SNAT all traffic sent via service IPs
-  --ignore-external-ips           serve no Service spec.externalIPs (CVE-2020-8554)
-  --keep-kube-proxy-state         leave kube-proxy's rules in the kernel (default: remove
-                                  them after the first successful sync)
-  --sync-period DURATION          periodic full resync (default 30s)
-  --min-sync-period DURATION      minimum time between syncs (default 1s)
-  --once                          sync once; exit 0 only if the kernel then matches
-  --kubeconfig FILE, --master URL API server access (kube source)
-  --healthz-bind-address, --metrics-bind-address   (accepted; servers come with the kube source)
-  --config FILE                   KubeProxyConfiguration (kubeproxy.config.k8s.io/v1alpha1);
-                                  flags override it
-  --masquerade-bit N              mark bit for masquerade (default 14)
-  --ipvs-scheduler NAME           rr|wrr|lc|wlc|lblc|lblcr|sh|dh|sed|nq|mh (default rr)
-  --ipvs-strict-arp               arp_ignore=1, arp_announce=2
-  --ipvs-tcp-timeout D, --ipvs-tcpfin-timeout D, --ipvs-udp-timeout D
-                                  IPVS connection timeouts (default 0: the kernel's)
-  --ipvs-exclude-cidrs CIDR[,CIDR] IPVS servers never deleted by sync or cleanup
-  --ipvs-sync-period D, --ipvs-min-sync-period D   in ipvs mode, instead of --sync-period
-                                  and --min-sync-period
-  --conntrack-max-per-core N, --conntrack-min N, --conntrack-tcp-timeout-established D,
-  --conntrack-tcp-timeout-close-wait D, --conntrack-tcp-be-liberal,
-  --conntrack-udp-timeout D, --conntrack-udp-timeout-stream D
-  --oom-score-adj N               (default -999)
-  -v, --v N                       log verbosity
-";
-
-fn invalid(flag: &str, value: &str, reason: impl ToString) -> ConfigError {
-    ConfigError::InvalidValue {
-        flag: flag.to_string(),
-        value: value.to_string(),
-        reason: reason.to_string(),
+/// The help for `cmd` (`None`: the usage of the whole program).
+pub fn help_text(cmd: Option<Command>) -> String {
+    match cmd {
+        None => flags::usage(),
+        Some(c) => flags::help(c),
     }
 }
 
-/// Parses a Go-style duration: `30s`, `1m`, `500ms`, `1h30m`, `0`.
+/// `kube-nlproxy v0.1.0`: what `--version` prints.
+pub fn version_line() -> String {
+    format!("kube-nlproxy v{}", env!("CARGO_PKG_VERSION"))
+}
+
+impl Command {
+    /// The command's word.
+    pub fn name(self) -> &'static str {
+        match self {
+            Command::Run => "run",
+            Command::Plan => "plan",
+            Command::Cleanup => "cleanup",
+            Command::Explain => "explain",
+            Command::Status => "status",
+        }
+    }
+
+    fn from_word(word: &str) -> Option<Command> {
+        Some(match word {
+            "run" => Command::Run,
+            "plan" => Command::Plan,
+            "cleanup" => Command::Cleanup,
+            "explain" => Command::Explain,
+            "status" => Command::Status,
+            _ => return None,
+        })
+    }
+}
+
+/// Parses a Go-style duration: `30s`, `1m`, `500ms`, `1h30m`, `0`. A negative one
+/// is an error.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    if s == "0" {
-        return Ok(Duration::ZERO);
+    match value::parse_go_duration(s)? {
+        (false, d) => Ok(d),
+        (true, _) => Err(format!("negative duration {s:?}")),
     }
-    let mut total = 0f64;
-    let mut rest = s;
-    if rest.is_empty() {
-        return Err("empty duration".into());
-    }
-    while !rest.is_empty() {
-        let num_end = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .ok_or_else(|| format!("missing unit in {s:?}"))?;
-        let value: f64 = rest[..num_end]
-            .parse()
-            .map_err(|_| format!("bad number in {s:?}"))?;
-        rest = &rest[num_end..];
-        let unit_end = rest
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(rest.len());
-        let factor = match &rest[..unit_end] {
-            "ns" => 1e-9,
-            "us" | "µs" => 1e-6,
-            "ms" => 1e-3,
-            "s" => 1.0,
-            "m" => 60.0,
-            "h" => 3600.0,
-            u => return Err(format!("unknown unit {u:?} in {s:?}")),
-        };
-        total += value * factor;
-        rest = &rest[unit_end..];
-    }
-    // A number too big for a Duration (`1e400h`, or digits enough to overflow
-    // f64) is an error, not a panic.
-    Duration::try_from_secs_f64(total).map_err(|_| format!("duration {s:?} out of range"))
-}
-
-fn parse_list<T: std::str::FromStr>(flag: &str, value: &str) -> Result<Vec<T>, ConfigError>
-where
-    T::Err: std::fmt::Display,
-{
-    value
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(|s| s.parse::<T>().map_err(|e| invalid(flag, s, e)))
-        .collect()
-}
-
-fn parse_bool(flag: &str, value: &str) -> Result<bool, ConfigError> {
-    match value {
-        "true" | "1" => Ok(true),
-        "false" | "0" => Ok(false),
-        _ => Err(invalid(flag, value, "expected true or false")),
-    }
-}
-
-/// The value of `--config`, looked up before the other flags so they can override
-/// the file.
-fn config_file_arg(args: &[String]) -> Option<String> {
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        if a == "--config" {
-            return it.next().cloned();
-        }
-        if let Some(v) = a.strip_prefix("--config=") {
-            return Some(v.to_string());
-        }
-    }
-    None
-}
-
-/// Parses `args` (without the program name).
-pub fn parse_args<I, S>(args: I) -> Result<Config, ConfigError>
-where
-    I: IntoIterator<Item = S>,
-    S: Into<String>,
-{
-    let args: Vec<String> = args.into_iter().map(Into::into).collect();
-    let mut cfg = match config_file_arg(&args) {
-        Some(path) => {
-            let text = std::fs::read_to_string(&path).map_err(|e| ConfigError::ConfigFile {
-                path: path.clone(),
-                reason: e.to_string(),
-            })?;
-            let mut cfg = file::apply(&text, Config::default()).map_err(|reason| {
-                ConfigError::ConfigFile {
-                    path: path.clone(),
-                    reason,
-                }
-            })?;
-            cfg.config_file = Some(PathBuf::from(path));
-            cfg
-        }
-        None => Config::default(),
-    };
-    let mut args = args.into_iter().peekable();
-    let mut first = true;
-    while let Some(arg) = args.next() {
-        if first && !arg.starts_with('-') {
-            first = false;
-            cfg.command = match arg.as_str() {
-                "run" => Command::Run,
-                "plan" => Command::Plan,
-                "cleanup" => Command::Cleanup,
-                "explain" => Command::Explain,
-                "status" => Command::Status,
-                other => return Err(ConfigError::UnknownFlag(other.to_string())),
-            };
-            continue;
-        }
-        first = false;
-        if cfg.command == Command::Explain && !arg.starts_with('-') {
-            if cfg.explain_target.is_some() {
-                return Err(ConfigError::UnknownFlag(arg));
-            }
-            cfg.explain_target = Some(arg);
-            continue;
-        }
-        let (flag, inline) = match arg.split_once('=') {
-            Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
-            _ => (arg.clone(), None),
-        };
-        const BOOLS: &[&str] = &[
-            "--masquerade-all",
-            "--ignore-external-ips",
-            "--keep-kube-proxy-state",
-            "--kube-proxy",
-            "--once",
-            "--cleanup",
-            "--ipvs-strict-arp",
-            "--conntrack-tcp-be-liberal",
-            "--help",
-            "-h",
-        ];
-        if BOOLS.contains(&flag.as_str()) {
-            let on = match &inline {
-                Some(v) => parse_bool(&flag, v)?,
-                None => true,
-            };
-            match flag.as_str() {
-                "--masquerade-all" => cfg.masquerade_all = on,
-                "--ignore-external-ips" => cfg.ignore_external_ips = on,
-                "--keep-kube-proxy-state" => cfg.keep_kube_proxy_state = on,
-                "--kube-proxy" => {
-                    if cfg.command != Command::Cleanup {
-                        return Err(ConfigError::UnknownFlag(
-                            "--kube-proxy (only `cleanup --kube-proxy` takes it)".into(),
-                        ));
-                    }
-                    cfg.cleanup_kube_proxy = on
-                }
-                "--once" => cfg.once = on,
-                "--ipvs-strict-arp" => cfg.ipvs_strict_arp = on,
-                "--conntrack-tcp-be-liberal" => cfg.conntrack.tcp_be_liberal = on,
-                "--cleanup" => {
-                    if on {
-                        cfg.command = Command::Cleanup
-                    }
-                }
-                _ => return Err(ConfigError::Help),
-            }
-            continue;
-        }
-        const VALUED: &[&str] = &[
-            "--source",
-            "--proxy-mode",
-            "--hostname-override",
-            "--node-ip",
-            "--node-ips",
-            "--cluster-cidr",
-            "--detect-local-mode",
-            "--pod-bridge-interface",
-            "--pod-interface-name-prefix",
-            "--nodeport-addresses",
-            "--sync-period",
-            "--min-sync-period",
-            "--kubeconfig",
-            "--master",
-            "--healthz-bind-address",
-            "--metrics-bind-address",
-            "-v",
-            "--v",
-            "--config",
-            "--masquerade-bit",
-            "--ipvs-scheduler",
-            "--ipvs-tcp-timeout",
-            "--ipvs-tcpfin-timeout",
-            "--ipvs-udp-timeout",
-            "--ipvs-exclude-cidrs",
-            "--ipvs-sync-period",
-            "--ipvs-min-sync-period",
-            "--conntrack-max-per-core",
-            "--conntrack-min",
-            "--conntrack-tcp-timeout-established",
-            "--conntrack-tcp-timeout-close-wait",
-            "--conntrack-udp-timeout",
-            "--conntrack-udp-timeout-stream",
-            "--oom-score-adj",
-            "--output",
-            "-o",
-            "--from",
-        ];
-        if !VALUED.contains(&flag.as_str()) {
-            return Err(ConfigError::UnknownFlag(flag));
-        }
-        let value = match inline {
-            Some(v) => v,
-            None => args
-                .next()
-                .ok_or_else(|| ConfigError::MissingValue(flag.clone()))?,
-        };
-        let f = flag.as_str();
-        match f {
-            "--output" | "-o" => {
-                cfg.output = match value.as_str() {
-                    "text" => Output::Text,
-                    "json" => Output::Json,
-                    _ => return Err(invalid(f, &value, "expected text or json")),
-                }
-            }
-            "--from" => {
-                cfg.explain_from = Some(
-                    value
-                        .parse()
-                        .map_err(|e: std::net::AddrParseError| invalid(f, &value, e))?,
-                )
-            }
-            "--source" => {
-                cfg.source_given = true;
-                cfg.source = if value == "kube" {
-                    Source::Kube
-                } else if let Some(path) = value.strip_prefix("file:") {
-                    Source::File(PathBuf::from(path))
-                } else {
-                    return Err(invalid(f, &value, "expected kube or file:PATH"));
-                }
-            }
-            "--proxy-mode" => {
-                cfg.mode = match value.as_str() {
-                    "nftables" | "" => ProxyMode::Nftables,
-                    "ipvs" => ProxyMode::Ipvs,
-                    _ => return Err(invalid(f, &value, "expected nftables or ipvs")),
-                }
-            }
-            "--hostname-override" => cfg.hostname_override = Some(value.trim().to_lowercase()),
-            "--node-ip" | "--node-ips" => cfg.node_ips = parse_list(f, &value)?,
-            "--cluster-cidr" => cfg.cluster_cidrs = parse_list(f, &value)?,
-            "--detect-local-mode" => {
-                cfg.detect_local_mode = Some(match value.as_str() {
-                    "ClusterCIDR" => DetectLocalMode::ClusterCidr,
-                    "NodeCIDR" => DetectLocalMode::NodeCidr,
-                    "BridgeInterface" => DetectLocalMode::BridgeInterface,
-                    "InterfaceNamePrefix" => DetectLocalMode::InterfaceNamePrefix,
-                    _ => {
-                        return Err(invalid(
-                            f,
-                            &value,
-                            "expected ClusterCIDR, NodeCIDR, BridgeInterface or InterfaceNamePrefix",
-                        ));
-                    }
-                })
-            }
-            "--pod-bridge-interface" => cfg.pod_bridge_interface = Some(value),
-            "--pod-interface-name-prefix" => cfg.pod_interface_name_prefix = Some(value),
-            "--nodeport-addresses" => {
-                cfg.nodeport_addresses = if value == "primary" || value.is_empty() {
-                    NodePortAddressesFlag::Primary
-                } else {
-                    NodePortAddressesFlag::Cidrs(parse_list(f, &value)?)
-                }
-            }
-            "--sync-period" => {
-                cfg.sync_period = parse_duration(&value).map_err(|e| invalid(f, &value, e))?
-            }
-            "--min-sync-period" => {
-                cfg.min_sync_period = parse_duration(&value).map_err(|e| invalid(f, &value, e))?
-            }
-            "--kubeconfig" => cfg.kubeconfig = Some(PathBuf::from(value)),
-            "--master" => cfg.master = Some(value),
-            "--healthz-bind-address" => cfg.healthz_bind_address = value,
-            "--metrics-bind-address" => cfg.metrics_bind_address = value,
-            "-v" | "--v" => {
-                cfg.verbosity = value.parse().map_err(|e| invalid(f, &value, e))?;
-            }
-            "--config" => {}
-            "--masquerade-bit" => {
-                cfg.masquerade_bit = value.parse().map_err(|e| invalid(f, &value, e))?;
-                if cfg.masquerade_bit > 31 {
-                    return Err(invalid(f, &value, "must be within 0..31"));
-                }
-            }
-            "--ipvs-scheduler" => cfg.ipvs_scheduler = value,
-            "--ipvs-tcp-timeout" | "--ipvs-tcpfin-timeout" | "--ipvs-udp-timeout" => {
-                let i = match f {
-                    "--ipvs-tcp-timeout" => 0,
-                    "--ipvs-tcpfin-timeout" => 1,
-                    _ => 2,
-                };
-                cfg.ipvs_timeouts[i] = parse_duration(&value).map_err(|e| invalid(f, &value, e))?;
-            }
-            "--ipvs-exclude-cidrs" => cfg.ipvs_exclude_cidrs = parse_list(f, &value)?,
-            "--ipvs-sync-period" | "--ipvs-min-sync-period" => {
-                let d = parse_duration(&value).map_err(|e| invalid(f, &value, e))?;
-                cfg.ipvs_sync_periods[usize::from(f == "--ipvs-min-sync-period")] = Some(d);
-            }
-            "--conntrack-max-per-core" => {
-                cfg.conntrack.max_per_core = value.parse().map_err(|e| invalid(f, &value, e))?
-            }
-            "--conntrack-min" => {
-                cfg.conntrack.min = value.parse().map_err(|e| invalid(f, &value, e))?
-            }
-            "--conntrack-tcp-timeout-established" => {
-                cfg.conntrack.tcp_established_timeout =
-                    parse_duration(&value).map_err(|e| invalid(f, &value, e))?
-            }
-            "--conntrack-tcp-timeout-close-wait" => {
-                cfg.conntrack.tcp_close_wait_timeout =
-                    parse_duration(&value).map_err(|e| invalid(f, &value, e))?
-            }
-            "--conntrack-udp-timeout" => {
-                cfg.conntrack.udp_timeout =
-                    parse_duration(&value).map_err(|e| invalid(f, &value, e))?
-            }
-            "--conntrack-udp-timeout-stream" => {
-                cfg.conntrack.udp_stream_timeout =
-                    parse_duration(&value).map_err(|e| invalid(f, &value, e))?
-            }
-            "--oom-score-adj" => {
-                cfg.oom_score_adj = Some(value.parse().map_err(|e| invalid(f, &value, e))?)
-            }
-            _ => return Err(ConfigError::UnknownFlag(flag)),
-        }
-    }
-    if cfg.detect_local_mode.is_none() && !cfg.cluster_cidrs.is_empty() {
-        cfg.detect_local_mode = Some(DetectLocalMode::ClusterCidr);
-    }
-    if cfg.mode == ProxyMode::Ipvs {
-        let [sync, min] = cfg.ipvs_sync_periods;
-        cfg.sync_period = sync.unwrap_or(cfg.sync_period);
-        cfg.min_sync_period = min.unwrap_or(cfg.min_sync_period);
-    }
-    Ok(cfg)
 }
 
 #[cfg(test)]
@@ -720,6 +467,14 @@ mod tests {
             ConfigError::MissingValue("--source".into())
         );
         assert_eq!(parse_args(["--cleanup"]).unwrap().command, Command::Cleanup);
+        let c = parse_args(["--cleanup", "--kube-proxy"]).unwrap();
+        assert!(c.command == Command::Cleanup && c.cleanup_kube_proxy);
+        let c = parse_args(["cleanup", "--kube-proxy"]).unwrap();
+        assert!(c.command == Command::Cleanup && c.cleanup_kube_proxy);
+        assert!(matches!(
+            parse_args(["--kube-proxy"]),
+            Err(ConfigError::FlagNotForCommand { .. })
+        ));
     }
 
     #[test]
