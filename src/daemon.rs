@@ -32,6 +32,17 @@ pub enum DaemonError {
     /// The source stopped delivering updates.
     #[error("the object source ended")]
     SourceEnded,
+    /// A health or metrics port could not be bound (`--bind-address-hard-fail`).
+    #[error("{what} {addr}: cannot bind")]
+    Bind {
+        /// The flag.
+        what: &'static str,
+        /// The address.
+        addr: SocketAddr,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// What the daemon remembers between syncs.
@@ -491,6 +502,18 @@ fn bind_address(flag: &str, what: &str) -> Option<SocketAddr> {
     }
 }
 
+/// Binds the server of a bind-address flag: `None` when it is off.
+async fn bind(
+    flag: &str,
+    what: &'static str,
+) -> Option<Result<(SocketAddr, tokio::net::TcpListener), DaemonError>> {
+    let addr = bind_address(flag, what)?;
+    Some(match tokio::net::TcpListener::bind(addr).await {
+        Ok(listener) => Ok((addr, listener)),
+        Err(source) => Err(DaemonError::Bind { what, addr, source }),
+    })
+}
+
 /// The health and metrics servers: up from the first second of `run`, before
 /// the API is reached (a kubelet's liveness probe must not kill a proxy that
 /// waits for an unreachable API server).
@@ -503,28 +526,47 @@ pub struct SideChannels {
 
 impl SideChannels {
     /// Starts the servers of `--healthz-bind-address` and `--metrics-bind-address`.
-    /// `/livez` answers 200 at once; `/healthz` 503 until the first sync.
-    pub fn start(cfg: &Config, mode: &'static str) -> SideChannels {
+    /// `/livez` answers 200 at once; `/healthz` 503 until the first sync. A port
+    /// that cannot be bound is one error in the log, or the end of the run with
+    /// `--bind-address-hard-fail` (as upstream).
+    pub async fn start(cfg: &Config, mode: &'static str) -> Result<SideChannels, DaemonError> {
         let health = Arc::new(ProxyHealth::new(cfg.sync_period));
         let metrics = Arc::new(Metrics::new());
-        if let Some(addr) = bind_address(&cfg.healthz_bind_address, "--healthz-bind-address") {
-            let (h, m) = (health.clone(), metrics.clone());
-            tokio::spawn(async move {
-                if let Err(e) = serve::serve_health(addr, h, m).await {
-                    tracing::error!("health server on {addr}: {e}");
-                }
-            });
+        let fail = |e: DaemonError| -> Result<(), DaemonError> {
+            if cfg.bind_address_hard_fail {
+                return Err(e);
+            }
+            tracing::error!("{}", crate::ErrorChain(&e));
+            Ok(())
+        };
+        match bind(&cfg.healthz_bind_address, "--healthz-bind-address").await {
+            Some(Ok((addr, listener))) => {
+                let (h, m) = (health.clone(), metrics.clone());
+                tracing::info!(%addr, "serving /healthz and /livez");
+                tokio::spawn(async move {
+                    if let Err(e) = serve::serve_health_on(listener, h, m).await {
+                        tracing::error!("health server on {addr}: {e}");
+                    }
+                });
+            }
+            Some(Err(e)) => fail(e)?,
+            None => {}
         }
-        if let Some(addr) = bind_address(&cfg.metrics_bind_address, "--metrics-bind-address") {
-            let m = metrics.clone();
-            tokio::spawn(async move {
-                if let Err(e) = serve::serve_metrics(addr, m, mode).await {
-                    tracing::error!("metrics server on {addr}: {e}");
-                }
-            });
+        match bind(&cfg.metrics_bind_address, "--metrics-bind-address").await {
+            Some(Ok((addr, listener))) => {
+                let m = metrics.clone();
+                tracing::info!(%addr, "serving /metrics");
+                tokio::spawn(async move {
+                    if let Err(e) = serve::serve_metrics_on(listener, m, mode).await {
+                        tracing::error!("metrics server on {addr}: {e}");
+                    }
+                });
+            }
+            Some(Err(e)) => fail(e)?,
+            None => {}
         }
         metrics.set_last_queued_now();
-        SideChannels { health, metrics }
+        Ok(SideChannels { health, metrics })
     }
 }
 

@@ -15,17 +15,12 @@ pub mod serve;
 pub mod source;
 pub mod sync;
 
-/// Displays an error with every cause behind it: `a: b: c`.
+/// Displays an error with every cause behind it, each once: `a: b: c` (a cause
+/// whose text an earlier message already holds is not repeated).
 pub struct ErrorChain<'a>(pub &'a (dyn std::error::Error + 'static));
 
 impl std::fmt::Display for ErrorChain<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.0)?;
-        let mut cause = self.0.source();
-        while let Some(e) = cause {
-            write!(f, ": {e}")?;
-            cause = e.source();
-        }
-        Ok(())
+        f.write_str(&logging::error_chain(self.0))
     }
 }

@@ -42,6 +42,9 @@ pub enum ProxierError {
     /// Finding or removing kube-proxy's state (`cleanup --kube-proxy`).
     #[error("kube-proxy's state")]
     KubeProxyState(#[from] crate::sync::kube_proxy::KubeProxyStateError),
+    /// The daemon could not start its servers.
+    #[error("the daemon")]
+    Daemon(#[source] DaemonError),
     /// A command's argument is not usable.
     #[error("{0}")]
     Argument(String),
@@ -54,6 +57,7 @@ impl From<DaemonError> for ProxierError {
     fn from(e: DaemonError) -> Self {
         match e {
             DaemonError::SourceEnded => ProxierError::SourceEnded,
+            e @ DaemonError::Bind { .. } => ProxierError::Daemon(e),
         }
     }
 }
@@ -321,7 +325,7 @@ async fn run_with<M: Mode, H: Host>(
     // oom_score_adj was written by main, with CAP_SYS_RESOURCE, before the
     // capabilities were dropped.
     // /livez answers from the first second, also while the API is unreachable.
-    let side = crate::daemon::SideChannels::start(cfg, driver.mode().name());
+    let side = crate::daemon::SideChannels::start(cfg, driver.mode().name()).await?;
     let source = tokio::select! {
         source = start_source(cfg, Retention::Changes) => source?,
         _ = crate::daemon::shutdown_signal() => {

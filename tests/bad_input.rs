@@ -154,6 +154,7 @@ fn assert_good_service(o: &Outcome) {
         &BuildOptions {
             node_name: "node-a".into(),
             node_ips_override: vec![],
+            primary_node_ip: None,
             ignore_external_ips: false,
         },
     );
@@ -431,6 +432,7 @@ fn names_at_their_length_limits_load() {
         &BuildOptions {
             node_name: node.clone(),
             node_ips_override: vec![],
+            primary_node_ip: None,
             ignore_external_ips: false,
         },
     );

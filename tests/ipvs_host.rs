@@ -226,6 +226,7 @@ fn state(manifests: &str) -> ClusterState {
         &BuildOptions {
             node_name: "node-a".into(),
             node_ips_override: vec![],
+            primary_node_ip: None,
             ignore_external_ips: false,
         },
     );

@@ -167,6 +167,7 @@ impl<M: Mode, H: Host> Driver<M, H> {
                 .clone()
                 .unwrap_or_else(|| host.hostname()),
             node_ips_override: cfg.node_ips.clone(),
+            primary_node_ip: cfg.bind_address_node_ip(),
             ignore_external_ips: cfg.ignore_external_ips,
         };
         Driver {

@@ -37,6 +37,10 @@ pub struct BuildOptions {
     pub node_name: String,
     /// `--node-ip`; when non-empty it replaces the Node object's addresses.
     pub node_ips_override: Vec<IpAddr>,
+    /// `--bind-address` / `bindAddress` when not `0.0.0.0`/`::`: the node's
+    /// primary IP, replacing the Node object's address of its family (as
+    /// kube-proxy reads it); `--node-ip` wins over it.
+    pub primary_node_ip: Option<IpAddr>,
     /// `--ignore-external-ips`: every Service is built as if its
     /// `spec.externalIPs` were empty.
     pub ignore_external_ips: bool,
@@ -697,6 +701,9 @@ pub(super) fn node_info(
     }
     if !opts.node_ips_override.is_empty() {
         info.ips = opts.node_ips_override.clone();
+    } else if let Some(primary) = opts.primary_node_ip {
+        info.ips.retain(|ip| ip.is_ipv4() != primary.is_ipv4());
+        info.ips.insert(0, primary);
     }
     info
 }

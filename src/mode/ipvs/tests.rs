@@ -345,6 +345,7 @@ spec: {clusterIP: 10.96.0.11, ports: [{port: 80}]}
         &crate::model::BuildOptions {
             node_name: "node-a".into(),
             node_ips_override: vec![],
+            primary_node_ip: None,
             ignore_external_ips: false,
         },
     );

@@ -9,6 +9,7 @@ fn opts() -> BuildOptions {
     BuildOptions {
         node_name: "node-a".into(),
         node_ips_override: vec![],
+        primary_node_ip: None,
         ignore_external_ips: false,
     }
 }
@@ -343,12 +344,26 @@ spec: {cidrs: [10.96.0.0/12, "fd00:10::/108"]}
     let o = BuildOptions {
         node_name: "node-a".into(),
         node_ips_override: vec![ip("10.0.0.5")],
+        primary_node_ip: None,
         ignore_external_ips: false,
     };
     assert_eq!(build(&objects, &o).0.node.ips, [ip("10.0.0.5")]);
+    // --bind-address: the primary IP of its family replaces the Node's one; the
+    // other family's address stays.
+    let o = BuildOptions {
+        node_name: "node-a".into(),
+        node_ips_override: vec![],
+        primary_node_ip: Some(ip("10.0.0.7")),
+        ignore_external_ips: false,
+    };
+    assert_eq!(
+        build(&objects, &o).0.node.ips,
+        [ip("10.0.0.7"), ip("2001:db8::5")]
+    );
     let o = BuildOptions {
         node_name: "missing".into(),
         node_ips_override: vec![ip("10.0.0.6")],
+        primary_node_ip: None,
         ignore_external_ips: false,
     };
     let node = build(&objects, &o).0.node;

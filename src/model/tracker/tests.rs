@@ -48,6 +48,7 @@ fn opts() -> BuildOptions {
     BuildOptions {
         node_name: "node-a".into(),
         node_ips_override: vec![],
+        primary_node_ip: None,
         ignore_external_ips: false,
     }
 }
