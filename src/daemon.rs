@@ -646,18 +646,20 @@ pub async fn run<M: Mode, H: Host>(
                 runner.request();
             }
             _ = tokio::time::sleep_until(runner.next_deadline(now)) => {}
-            _ = drift_check.tick() => match {
+            _ = drift_check.tick() => {
                 kube_proxy_watch.tick(&metrics);
-                daemon.driver.check_drift()
-            } {
-                Ok(false) => {}
-                Ok(true) => {
-                    tracing::warn!("our kernel objects were changed by someone else; repairing");
-                    metrics.status.drift_found();
-                    runner.request();
+                match daemon.driver.check_drift() {
+                    Ok(false) => {}
+                    Ok(true) => {
+                        tracing::warn!(
+                            "our kernel objects were changed by someone else; repairing"
+                        );
+                        metrics.status.drift_found();
+                        runner.request();
+                    }
+                    Err(e) => tracing::debug!("drift check: {}", crate::ErrorChain(&e)),
                 }
-                Err(e) => tracing::debug!("drift check: {}", crate::ErrorChain(&e)),
-            },
+            }
             _ = tokio::time::sleep(recheck.unwrap_or(Duration::MAX)), if recheck.is_some() => {
                 runner.request();
             }
