@@ -56,6 +56,7 @@ struct Daemon<'a, M, H> {
     /// For a source that does not track changes: its last snapshot, to diff.
     last_snapshot: Option<Objects>,
     netlink_messages: u64,
+    node_check: NodeCheck,
 }
 
 /// What the health side channels need of one service port.
@@ -231,6 +232,7 @@ impl<M: Mode, H: Host> Daemon<'_, M, H> {
             .iter()
             .find(|n| n.metadata.name.as_deref() == Some(state.node.name.as_str()));
         self.health.set_node(node.map(NodeEligibility::of));
+        let node_found = node.is_some();
         let synced = match result {
             Ok(synced) => synced,
             Err(e) => {
@@ -263,6 +265,18 @@ impl<M: Mode, H: Host> Daemon<'_, M, H> {
             );
         }
         self.record_success(&synced, elapsed, &changed_slices);
+        let nodeports = self
+            .driver
+            .node_context()
+            .map(|n| n.options.nodeport_addresses.clone())
+            .unwrap_or(NodePortAddresses::All);
+        self.node_check.check(
+            node_found,
+            synced.node_changed,
+            self.driver.state(),
+            &nodeports,
+            &self.metrics,
+        );
 
         let state = self.driver.state();
         if self
@@ -366,6 +380,109 @@ impl<M: Mode, H: Host> Daemon<'_, M, H> {
         let server = self.service_health.as_ref().expect("created above");
         server.sync_services(ports).await;
         server.sync_endpoints(local_ips);
+    }
+}
+
+/// How often a lasting node misconfiguration is logged again.
+const NODE_WARNING_EVERY: Duration = Duration::from_secs(300);
+
+/// Our Node as the sync found it: missing, or without an address of a family
+/// that NodePorts need. Loud: a WARN at the first sync and again every
+/// [`NODE_WARNING_EVERY`] while it lasts (or when it changes), a line in
+/// `/status`, the metric `kube_nlproxy_node_problems`. The NodePorts that cannot
+/// be served are named. The scan for them runs only while there is a problem, at
+/// most once per warning.
+#[derive(Default)]
+pub(crate) struct NodeCheck {
+    problems: Vec<String>,
+    last_warned: Option<Instant>,
+}
+
+impl NodeCheck {
+    /// After a successful sync: `node_found` whether our Node object exists,
+    /// `nodeports` where NodePorts listen now.
+    pub(crate) fn check(
+        &mut self,
+        node_found: bool,
+        node_changed: bool,
+        state: &ClusterState,
+        nodeports: &NodePortAddresses,
+        m: &Metrics,
+    ) {
+        let node = &state.node;
+        // The families NodePorts cannot be served in: listening on given
+        // addresses, none of that family.
+        let unserved: Vec<IpFamily> = match nodeports {
+            NodePortAddresses::All => Vec::new(),
+            NodePortAddresses::Ips(ips) => IpFamily::ALL
+                .into_iter()
+                .filter(|f| !ips.iter().any(|ip| IpFamily::of(ip) == *f))
+                .collect(),
+        };
+        // Cheap first: a Node that exists and NodePorts in both families.
+        if node_found && unserved.is_empty() {
+            if !self.problems.is_empty() {
+                tracing::info!(node = %node.name, "our Node is complete again");
+                self.problems.clear();
+                m.status.set_node_problems(Vec::new());
+                m.set_node_problems(0);
+            }
+            return;
+        }
+        let due = node_changed
+            || self
+                .last_warned
+                .is_none_or(|t| t.elapsed() >= NODE_WARNING_EVERY);
+        if !due {
+            return;
+        }
+        let mut problems = Vec::new();
+        if !node_found {
+            let nodeports = match nodeports {
+                NodePortAddresses::All if node.ips.is_empty() => {
+                    "; with no node IP known, NodePorts listen on every local address"
+                }
+                _ => "",
+            };
+            problems.push(format!(
+                "Node {} not found (is --hostname-override right?): its addresses, \
+                 topology labels and deletion state are unknown{nodeports}",
+                node.name
+            ));
+        }
+        for family in unserved {
+            let node_ports: Vec<String> = state
+                .services
+                .iter()
+                .filter(|((_, f), svc)| *f == family && svc.node_port.is_some())
+                .map(|((name, _), svc)| format!("{name} ({})", svc.node_port.unwrap_or(0)))
+                .collect();
+            if node_ports.is_empty() {
+                continue;
+            }
+            let shown: Vec<&str> = node_ports.iter().take(5).map(String::as_str).collect();
+            let family = crate::serve::health::family_name(family);
+            problems.push(format!(
+                "our Node has no {family} address: {} {family} NodePort(s) not served: {}{}",
+                node_ports.len(),
+                shown.join(", "),
+                if node_ports.len() > shown.len() {
+                    ", …"
+                } else {
+                    ""
+                }
+            ));
+        }
+        if problems.is_empty() {
+            return;
+        }
+        for p in &problems {
+            tracing::warn!("{p}");
+        }
+        self.last_warned = Some(Instant::now());
+        m.set_node_problems(problems.len());
+        m.status.set_node_problems(problems.clone());
+        self.problems = problems;
     }
 }
 
@@ -587,6 +704,7 @@ pub async fn run<M: Mode, H: Host>(
         health_index: HealthIndex::default(),
         last_snapshot: None,
         netlink_messages: 0,
+        node_check: NodeCheck::default(),
     };
     let mut changes = source.subscribe();
     let mut terminate = std::pin::pin!(shutdown_signal());

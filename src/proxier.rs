@@ -301,6 +301,24 @@ async fn run_with<M: Mode, H: Host>(
         let loaded = started.elapsed();
         let synced = driver.sync_once(ObjectChanges::everything(objects))?;
         let sync_done = started.elapsed();
+        // A Node that is missing, or lacks an address NodePorts need, is as loud
+        // here as in the daemon.
+        let node_found = driver
+            .tracker()
+            .nodes()
+            .iter()
+            .any(|n| n.metadata.name.as_deref() == Some(driver.state().node.name.as_str()));
+        let nodeports = driver
+            .node_context()
+            .map(|n| n.options.nodeport_addresses.clone())
+            .unwrap_or(crate::mode::nftables::NodePortAddresses::All);
+        crate::daemon::NodeCheck::default().check(
+            node_found,
+            true,
+            driver.state(),
+            &nodeports,
+            &crate::serve::Metrics::new(),
+        );
         let differing = driver.verify()?;
         if !differing.is_empty() {
             return Err(ProxierError::Mismatch(differing.join(" | ")));
@@ -805,6 +823,9 @@ pub async fn status(cfg: &Config) -> Result<(), ProxierError> {
                         d.last_error.as_deref().unwrap_or("none")
                     );
                     println!("  drift repairs: {}", d.drift_repairs);
+                    for p in &d.node_problems {
+                        println!("  node problem:  {p}");
+                    }
                 }
                 None => println!(
                     "no daemon answers on {} (/status); from the kernel only:",

@@ -148,6 +148,8 @@ struct Inner {
     sync_operations: BTreeMap<String, u64>,
     /// kube-proxy's objects found in the kernel, by backend.
     kube_proxy_state: BTreeMap<&'static str, u64>,
+    /// Problems with our Node (missing, no address of a family NodePorts need).
+    node_problems: u64,
 }
 
 /// All metrics of the process (shared as `Arc<Metrics>`).
@@ -188,6 +190,7 @@ impl Metrics {
                 netlink_messages: BTreeMap::new(),
                 sync_operations: BTreeMap::new(),
                 kube_proxy_state: BTreeMap::new(),
+                node_problems: 0,
             }),
             status: Default::default(),
         };
@@ -334,6 +337,11 @@ impl Metrics {
             .or_insert(0) += n;
     }
 
+    /// `kube_nlproxy_node_problems`: what is wrong with our Node (0: nothing).
+    pub fn set_node_problems(&self, n: usize) {
+        self.inner.lock().unwrap().node_problems = n as u64;
+    }
+
     /// `kube_nlproxy_kube_proxy_state_objects{backend}`: kube-proxy's tables or
     /// chains found in the kernel by the last look (0 once removed).
     pub fn set_kube_proxy_state(&self, counts: impl IntoIterator<Item = (&'static str, usize)>) {
@@ -379,6 +387,13 @@ impl Metrics {
                 *v as f64,
             );
         }
+        let name = "kube_nlproxy_node_problems";
+        w.head(
+            name,
+            "Problems with our Node: missing, or no address of a family that NodePorts need",
+            "gauge",
+        );
+        w.sample_named(name, &[], inner.node_problems as f64);
         if !inner.kube_proxy_state.is_empty() {
             let name = "kube_nlproxy_kube_proxy_state_objects";
             w.head(

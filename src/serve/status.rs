@@ -34,6 +34,9 @@ pub struct StatusInfo {
     /// kube-proxy's state found in the kernel by the last look (`None`: none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kube_proxy_state: Option<String>,
+    /// What is wrong with our Node (missing, no address for a family), as logged.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub node_problems: Vec<String>,
     /// What was removed of kube-proxy's state after the first sync.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kube_proxy_state_removed: Option<String>,
@@ -90,6 +93,11 @@ impl Status {
     /// kube-proxy's state as last found (`None`: none).
     pub fn set_kube_proxy_state(&self, present: Option<String>) {
         self.with(|s| s.kube_proxy_state = present)
+    }
+
+    /// What is wrong with our Node (empty: nothing).
+    pub fn set_node_problems(&self, problems: Vec<String>) {
+        self.with(|s| s.node_problems = problems)
     }
 
     /// What was removed of kube-proxy's state.
