@@ -57,6 +57,9 @@ struct Daemon<'a, M, H> {
     last_snapshot: Option<Objects>,
     netlink_messages: u64,
     node_check: NodeCheck,
+    /// The last sync was a full one that sent operations for no change of
+    /// ours: it repaired drift.
+    last_sync_repaired: bool,
 }
 
 /// What the health side channels need of one service port.
@@ -253,6 +256,10 @@ impl<M: Mode, H: Host> Daemon<'_, M, H> {
             }
         };
         let elapsed = started.elapsed();
+        self.last_sync_repaired = synced.report.full
+            && !synced.report.ops.is_empty()
+            && synced.changed.is_empty()
+            && !synced.node_changed;
         if synced.report.ops.is_empty() {
             tracing::debug!(?elapsed, "sync: kernel already up to date");
         } else {
@@ -705,6 +712,7 @@ pub async fn run<M: Mode, H: Host>(
         last_snapshot: None,
         netlink_messages: 0,
         node_check: NodeCheck::default(),
+        last_sync_repaired: false,
     };
     let mut changes = source.subscribe();
     let mut terminate = std::pin::pin!(shutdown_signal());
@@ -749,6 +757,15 @@ pub async fn run<M: Mode, H: Host>(
             let changes = daemon.changes_of(source);
             let ok = daemon.sync(changes).await;
             runner.ran(now, ok);
+            // A read-back sync that had to send something for no change of ours:
+            // someone changed our objects (elements the 1 s generation check
+            // does not read).
+            if ok && reason == RunReason::Periodic && daemon.last_sync_repaired {
+                tracing::warn!(
+                    "the periodic read-back found our objects changed by someone else; repaired"
+                );
+                metrics.status.drift_found();
+            }
             if ok {
                 kube_proxy_watch.synced(reason == RunReason::Periodic, &metrics);
             }

@@ -92,6 +92,24 @@ fn the_daemon_repairs_what_others_change_and_leaves_their_tables_alone() {
                 "not refilled within a sync period; log:\n{}",
                 p.log()
             );
+            // Logged as a repair and counted (drift_repairs in /status).
+            assert!(
+                eventually(Duration::from_secs(2), || p
+                    .log()
+                    .contains("the periodic read-back found our objects changed")),
+                "the element repair is not logged:\n{}",
+                p.log()
+            );
+            let status = output_text(&p.command(&["status", "--output", "json"], &[]));
+            let repairs = status
+                .lines()
+                .find_map(|l| l.trim().strip_prefix("\"drift_repairs\": "))
+                .and_then(|v| v.trim_end_matches(',').parse::<u64>().ok())
+                .unwrap_or_else(|| panic!("no drift_repairs in {status}"));
+            assert!(
+                repairs >= 2,
+                "table deletion and element drift: {repairs}\n{status}"
+            );
         },
     );
     c.run("the other program's table is as it was", || {

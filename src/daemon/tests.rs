@@ -57,6 +57,7 @@ async fn syncs_that_keep_failing_turn_healthz_503_and_a_good_one_turns_it_back()
         last_snapshot: None,
         netlink_messages: 0,
         node_check: NodeCheck::default(),
+        last_sync_repaired: false,
     };
     health.updated();
     assert!(daemon.sync(one_service()).await);
@@ -147,6 +148,7 @@ async fn network_programming_latency_is_observed_in_the_changed_slices_family_on
         last_snapshot: None,
         netlink_messages: 0,
         node_check: NodeCheck::default(),
+        last_sync_repaired: false,
     };
     assert!(daemon.sync(one_service()).await);
     let key = |name: &str| ("ns".to_string(), name.to_string());

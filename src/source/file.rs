@@ -910,6 +910,9 @@ pub fn fingerprint(path: &Path) -> std::io::Result<Vec<(PathBuf, SystemTime, u64
     Ok(out)
 }
 
+/// How often a reload that keeps failing the same way is logged again.
+const RELOAD_WARNING_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// The file source as an event source: a task polls the path, reloads it when it
 /// changes, logs the warnings of each new load once, and bumps the generation.
 #[derive(Debug, Clone)]
@@ -931,6 +934,9 @@ impl FileSource {
         let (tx, rx) = tokio::sync::watch::channel(1u64);
         let shared = objects.clone();
         tokio::spawn(async move {
+            // A failing reload (a directory that has gone, a file being written)
+            // is logged when it starts or changes, then once a minute.
+            let mut failing: Option<(String, std::time::Instant)> = None;
             loop {
                 tokio::time::sleep(poll).await;
                 let now = fingerprint(&path).ok();
@@ -942,6 +948,9 @@ impl FileSource {
                         for w in &warnings {
                             tracing::warn!("{w}");
                         }
+                        if failing.take().is_some() {
+                            tracing::info!("reloading {}: ok again", path.display());
+                        }
                         *shared.lock().expect("file source lock") = o;
                         seen = now;
                         if tx.is_closed() {
@@ -950,7 +959,20 @@ impl FileSource {
                         tx.send_modify(|generation| *generation += 1);
                     }
                     // Keep the last good objects; try again next poll.
-                    Err(e) => tracing::warn!("reloading {}: {e}", path.display()),
+                    Err(e) => {
+                        let text = crate::ErrorChain(&e).to_string();
+                        let repeat = failing.as_ref().is_some_and(|(last, at)| {
+                            *last == text && at.elapsed() < RELOAD_WARNING_EVERY
+                        });
+                        if !repeat {
+                            tracing::warn!(
+                                "reloading {}: {text} (the last good objects stay; retried \
+                                 every {poll:?}, logged again in {RELOAD_WARNING_EVERY:?})",
+                                path.display()
+                            );
+                            failing = Some((text, std::time::Instant::now()));
+                        }
+                    }
                 }
             }
         });
