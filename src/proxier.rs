@@ -377,7 +377,7 @@ pub fn parse_target(s: &str) -> Result<(std::net::IpAddr, u8, u16), String> {
 /// in the kernel; with `--source`, also from the desired state, and where the
 /// two disagree. Returns the exit status (see `Outcome::exit_code`).
 pub async fn explain(cfg: &Config) -> Result<u8, ProxierError> {
-    use crate::sync::explain::{Query, TableView, disagreements, explain};
+    use crate::sync::explain::{Outcome, Query, TableView, disagreements, explain};
     use kube_nlproxy_netlink::nft::{Family, NftSocket};
     let target = cfg
         .explain_target
@@ -443,6 +443,20 @@ pub async fn explain(cfg: &Config) -> Result<u8, ProxierError> {
         let tables = driver.mode().renderer().tables();
         if let Some(t) = tables.iter().find(|t| t.family == family) {
             let desired = explain(&TableView::from_spec(t), &query);
+            // Served, but without endpoints the desired state has: degraded.
+            let lacking: Vec<&str> = desired
+                .candidates
+                .iter()
+                .map(|c| c.endpoint.as_str())
+                .filter(|e| !kernel.candidates.iter().any(|k| k.endpoint == *e))
+                .collect();
+            if kernel.outcome == Outcome::Served && !lacking.is_empty() {
+                kernel.outcome = Outcome::Degraded;
+                kernel.problems.push(format!(
+                    "the kernel lacks endpoints the desired state has: {}",
+                    lacking.join(", ")
+                ));
+            }
             let mut d = disagreements(&kernel, &desired);
             let pending: Vec<String> = pending
                 .iter()

@@ -173,6 +173,33 @@ fn explain_predicts_what_connections_do() {
         "dropped, not refused"
     );
 
+    // An address of the ServiceCIDR that no Service has: dropped (exit 4) by the
+    // ServiceCIDR's rule, named; the connection times out.
+    let out = explain("10.96.0.222:80", Some(&client), false);
+    assert_eq!(out.status.code(), Some(4), "{}", output_text(&out));
+    let decided = output_json(&out)["decided_by"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    assert!(
+        decided.contains("unallocated address of ServiceCIDR 10.96.0.0/16"),
+        "{}",
+        output_text(&out)
+    );
+    let started = std::time::Instant::now();
+    assert!(
+        tcp(
+            &client_ns,
+            sa(ip("10.96.0.222"), 80),
+            Duration::from_secs(2)
+        )
+        .is_err()
+    );
+    assert!(
+        started.elapsed() >= Duration::from_millis(1500),
+        "dropped, not refused"
+    );
+
     // Not a service (exit 5).
     let out = explain("10.1.2.3:80/udp", None, false);
     assert_eq!(out.status.code(), Some(5), "{}", output_text(&out));
@@ -195,10 +222,20 @@ fn explain_predicts_what_connections_do() {
         &format!("delete element ip kube-nlproxy endpoints-ips {{ {VIP} . tcp . 80 . 1 }}"),
     ]);
     let out = explain(&format!("{VIP}:80"), Some(&client), false);
+    // Degraded (exit 6), not served: half the new connections go nowhere.
+    assert_eq!(out.status.code(), Some(6), "{}", output_text(&out));
     let v = output_json(&out);
     let problems = v["problems"].to_string();
     assert!(problems.contains("endpoint 1 of 2 is missing"), "{v}");
+    let results: Vec<bool> = (0..20)
+        .map(|_| tcp(&client_ns, sa(ip(VIP), 80), Duration::from_millis(300)).is_ok())
+        .collect();
+    assert!(
+        results.contains(&true) && results.contains(&false),
+        "one of two endpoints missing: some connections must fail, some succeed: {results:?}"
+    );
     let out = explain(&format!("{VIP}:80"), Some(&client), true);
+    assert_eq!(out.status.code(), Some(6), "{}", output_text(&out));
     let v = output_json(&out);
     let d = v["disagreements"].to_string();
     assert!(d.contains("endpoints: the kernel has"), "{v}");

@@ -32,7 +32,10 @@ fn a_vanished_manifest_directory_warns_once_and_keeps_serving() {
     std::thread::sleep(Duration::from_secs(3));
     let log = p.log();
     let warnings = log.matches("reloading ").count();
-    assert_eq!(warnings, 1, "the failing reload is not rate-limited:\n{log}");
+    assert_eq!(
+        warnings, 1,
+        "the failing reload is not rate-limited:\n{log}"
+    );
     assert!(served(), "the last good objects are no longer served");
     assert!(p.running(), "{log}");
     std::fs::create_dir_all(&p.dir).unwrap();

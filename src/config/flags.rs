@@ -214,7 +214,7 @@ fn about(cmd: Command) -> (&'static str, &'static str) {
         ),
         Command::Explain => (
             "kube-nlproxy explain IP:PORT[/tcp|udp|sctp] [--from SRC_IP] [FLAGS]",
-            "Where a new connection would go, read from the kernel (with --source also\ncompared with the desired state). Exit status: 0 served, 3 rejected, 4 dropped,\n5 not a service, 1 error.",
+            "Where a new connection would go, read from the kernel (with --source also\ncompared with the desired state). Exit status: 0 served, 3 rejected, 4 dropped,\n5 not a service, 6 degraded (endpoints missing from the kernel), 1 error.",
         ),
         Command::Status => (
             "kube-nlproxy status [FLAGS]",

@@ -69,6 +69,9 @@ const MASQUERADING: &str = "masquerading";
 const SERVICES: &str = "services";
 const FIREWALL_CHECK: &str = "firewall-check";
 const CLUSTER_IPS_CHECK: &str = "cluster-ips-check";
+/// The comment of a ServiceCIDR's drop rule, before the CIDR: `explain` reads the
+/// CIDRs back from it.
+pub const UNALLOCATED_COMMENT: &str = "drop traffic to unallocated ClusterIPs of ServiceCIDR ";
 const SERVICE_ENDPOINTS_CHECK: &str = "service-endpoints-check";
 const NODEPORT_ENDPOINTS_CHECK: &str = "nodeport-endpoints-check";
 const DISPATCH_IPS: &str = "dispatch-ips";
@@ -1723,7 +1726,7 @@ fn skeleton(
         t.rule(
             CLUSTER_IPS_CHECK,
             b().daddr_in(cidr).verdict(Verdict::Drop),
-            Some("drop traffic to unallocated ClusterIPs"),
+            Some(&format!("{UNALLOCATED_COMMENT}{cidr}")),
         );
     }
 

@@ -25,6 +25,17 @@ pub struct TableView {
     pub sets: BTreeMap<String, Vec<Element>>,
     /// Rules without our fingerprint (someone else's), as `chain: comment`.
     pub foreign_rules: Vec<String>,
+    /// The ServiceCIDRs whose unallocated addresses are dropped (read from the
+    /// comments of their rules in `cluster-ips-check`).
+    pub service_cidrs: Vec<IpNet>,
+}
+
+/// The ServiceCIDR of a rule comment written by the nftables mode.
+fn unallocated_cidr(comment: &str) -> Option<IpNet> {
+    comment
+        .strip_prefix(crate::mode::nftables::UNALLOCATED_COMMENT)?
+        .parse()
+        .ok()
 }
 
 impl TableView {
@@ -36,9 +47,17 @@ impl TableView {
                 foreign_rules.push(format!("{chain}: handle {} {:?}", r.handle, r.comment));
             }
         }
+        let service_cidrs = state
+            .rules
+            .values()
+            .flatten()
+            .filter(|r| r.fingerprint.is_some())
+            .filter_map(|r| unallocated_cidr(&r.comment))
+            .collect();
         TableView {
             sets: state.elements.clone(),
             foreign_rules,
+            service_cidrs,
         }
     }
 
@@ -51,6 +70,12 @@ impl TableView {
                 .map(|(n, s)| (n.clone(), s.elements.iter().cloned().collect()))
                 .collect(),
             foreign_rules: Vec::new(),
+            service_cidrs: spec
+                .chains
+                .values()
+                .flat_map(|c| &c.rules)
+                .filter_map(|r| unallocated_cidr(r.comment.as_deref()?))
+                .collect(),
         }
     }
 
@@ -104,6 +129,9 @@ pub enum Outcome {
     Dropped,
     /// No Service is at this address and port: our table lets it pass.
     NotAService,
+    /// Served, but not by every endpoint it should be: endpoint elements are
+    /// missing from the kernel (changed behind our back, or not synced yet).
+    Degraded,
 }
 
 impl Outcome {
@@ -114,6 +142,7 @@ impl Outcome {
             Outcome::Rejected => 3,
             Outcome::Dropped => 4,
             Outcome::NotAService => 5,
+            Outcome::Degraded => 6,
         }
     }
 }
@@ -477,6 +506,7 @@ pub fn explain(view: &TableView, q: &Query) -> Explanation {
     if nodeport_address {
         entries.push((Entry::Main(EntryKind::Nodeports), k2.clone(), "NodePort"));
     }
+    let mut missing_endpoints = false;
     for (entry, key, how) in entries {
         let Some(class) = view.find_prefix(SetId::Classes(entry), &key) else {
             continue;
@@ -531,11 +561,14 @@ pub fn explain(view: &TableView, q: &Query) -> Explanation {
                         show(SetId::Endpoints(entry), e)
                     )),
                 },
-                None => ex.problems.push(format!(
-                    "endpoint {i} of {n} is missing from @{} (changed behind our back): \
-                     connections that pick it are not DNATed",
-                    SetId::Endpoints(entry).name()
-                )),
+                None => {
+                    missing_endpoints = true;
+                    ex.problems.push(format!(
+                        "endpoint {i} of {n} is missing from @{} (changed behind our back): \
+                         connections that pick it are not DNATed",
+                        SetId::Endpoints(entry).name()
+                    ))
+                }
             }
         }
         // Session affinity: followed by the address the client connected to.
@@ -565,6 +598,9 @@ pub fn explain(view: &TableView, q: &Query) -> Explanation {
     }
 
     if ex.outcome == Outcome::Served {
+        if missing_endpoints {
+            ex.outcome = Outcome::Degraded;
+        }
         match masq {
             Some((m, why)) => {
                 ex.masquerade = Some(m);
@@ -592,6 +628,18 @@ pub fn explain(view: &TableView, q: &Query) -> Explanation {
             q.daddr,
             q.dport,
             proto_name(q.proto)
+        ));
+        return ex;
+    }
+    // cluster-ips-check: an address of a ServiceCIDR that no Service has.
+    if let Some(cidr) = view.service_cidrs.iter().find(|c| c.contains(&q.daddr)) {
+        ex.outcome = Outcome::Dropped;
+        ex.decided_by = Some(format!(
+            "dropped: unallocated address of ServiceCIDR {cidr} (chain cluster-ips-check)"
+        ));
+        ex.steps.push(format!(
+            "{} is in ServiceCIDR {cidr} but no Service has it: dropped",
+            q.daddr
         ));
         return ex;
     }
@@ -656,6 +704,7 @@ pub fn render_text(q: &Query, ex: &Explanation, disagree: Option<&[String]>) -> 
             Outcome::Rejected => "REJECTED",
             Outcome::Dropped => "DROPPED",
             Outcome::NotAService => "not a service",
+            Outcome::Degraded => "DEGRADED (served by fewer endpoints than it should be)",
         }
     );
     if let Some(s) = &ex.service {
