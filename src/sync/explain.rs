@@ -902,9 +902,11 @@ mod tests {
                 .iter()
                 .any(|p| p.contains("endpoint 1 of 2 is missing"))
         );
+        assert_eq!(k.outcome, Outcome::Degraded);
+        assert_eq!(k.outcome.exit_code(), 6);
         let d = disagreements(&k, &explain(&desired, &query));
-        assert_eq!(d.len(), 1, "{d:?}");
-        assert!(d[0].starts_with("endpoints:"));
+        assert_eq!(d.len(), 2, "{d:?}");
+        assert!(d[0].starts_with("outcome:") && d[1].starts_with("endpoints:"));
         assert!(disagreements(&explain(&desired, &query), &explain(&desired, &query)).is_empty());
     }
 
