@@ -652,40 +652,60 @@ pub fn explain(view: &TableView, q: &Query) -> Explanation {
     ex
 }
 
-/// Where two explanations (the kernel's, the desired state's) disagree.
+/// How people say an outcome.
+fn outcome_name(o: Outcome) -> &'static str {
+    match o {
+        Outcome::Served => "served",
+        Outcome::Rejected => "rejected",
+        Outcome::Dropped => "dropped",
+        Outcome::NotAService => "not a service",
+        Outcome::Degraded => "degraded",
+    }
+}
+
+/// Where two explanations (the kernel's, the desired state's) disagree, in
+/// words (no debug notation).
 pub fn disagreements(kernel: &Explanation, desired: &Explanation) -> Vec<String> {
     let mut out = Vec::new();
     if kernel.outcome != desired.outcome {
         out.push(format!(
-            "outcome: the kernel says {:?}, the desired state {:?}",
-            kernel.outcome, desired.outcome
+            "outcome: the kernel says {}, the desired state {}",
+            outcome_name(kernel.outcome),
+            outcome_name(desired.outcome)
         ));
     }
+    let service = |s: &Option<String>| s.clone().unwrap_or_else(|| "no service".into());
     if kernel.service != desired.service {
         out.push(format!(
-            "service: the kernel has {:?}, the desired state {:?}",
-            kernel.service, desired.service
+            "service: the kernel has {}, the desired state {}",
+            service(&kernel.service),
+            service(&desired.service)
         ));
     }
-    let ks: Vec<&str> = kernel
-        .candidates
-        .iter()
-        .map(|c| c.endpoint.as_str())
-        .collect();
-    let ds: Vec<&str> = desired
-        .candidates
-        .iter()
-        .map(|c| c.endpoint.as_str())
-        .collect();
+    let endpoints = |ex: &Explanation| {
+        let list: Vec<&str> = ex.candidates.iter().map(|c| c.endpoint.as_str()).collect();
+        if list.is_empty() {
+            "none".to_string()
+        } else {
+            list.join(", ")
+        }
+    };
+    let (ks, ds) = (endpoints(kernel), endpoints(desired));
     if ks != ds {
         out.push(format!(
-            "endpoints: the kernel has {ks:?}, the desired state {ds:?}"
+            "endpoints: the kernel has {ks}, the desired state {ds}"
         ));
     }
+    let masq = |m: Option<bool>| match m {
+        Some(true) => "masqueraded",
+        Some(false) => "not masqueraded",
+        None => "depends on the source",
+    };
     if kernel.masquerade != desired.masquerade {
         out.push(format!(
-            "masquerade: the kernel says {:?}, the desired state {:?}",
-            kernel.masquerade, desired.masquerade
+            "masquerade: the kernel says {}, the desired state {}",
+            masq(kernel.masquerade),
+            masq(desired.masquerade)
         ));
     }
     out

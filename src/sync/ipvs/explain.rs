@@ -660,9 +660,11 @@ pub fn disagreements_ipvs(kernel: &Explanation, desired: &Explanation) -> Vec<St
     };
     let mut out = crate::sync::explain::disagreements(&serving(kernel), &serving(desired));
     if kernel.decided_by != desired.decided_by {
+        let rule = |d: &Option<String>| d.clone().unwrap_or_else(|| "no rule".into());
         out.push(format!(
-            "decided by: the kernel {:?}, the desired state {:?}",
-            kernel.decided_by, desired.decided_by
+            "decided by: the kernel {}, the desired state {}",
+            rule(&kernel.decided_by),
+            rule(&desired.decided_by)
         ));
     }
     out
