@@ -3,6 +3,7 @@
 mod attrs;
 pub mod codec;
 pub(crate) mod socket;
+pub mod text;
 mod types;
 
 pub use codec::{rule_comment, rule_fingerprint};

@@ -266,11 +266,14 @@ impl fmt::Display for Op {
                 table,
                 rule,
             } => {
-                write!(f, "add rule {} {table} {}", family.nft_name(), rule.chain)?;
-                for e in &rule.exprs {
-                    write!(f, " {}", fmt_expr(e))?;
-                }
-                write!(f, " comment \"{}\"", rule_comment(rule))
+                write!(
+                    f,
+                    "add rule {} {table} {} {} comment \"{}\"",
+                    family.nft_name(),
+                    rule.chain,
+                    super::text::rule_text(*family, &rule.exprs),
+                    rule_comment(rule)
+                )
             }
             Op::AddSet { family, table, set } => {
                 let kind = if set.verdict_map { "map" } else { "set" };
