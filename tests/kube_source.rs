@@ -89,6 +89,7 @@ async fn kube_client(server: &FakeApiServer, tag: &str) -> kube::Client {
         kubeconfig: Some(path.clone()),
         master: None,
         node_name: NODE.into(),
+        ..Default::default()
     };
     let c = client(&cfg).await.expect("client");
     // The kubeconfig is read once, when the client is built.
@@ -514,6 +515,7 @@ async fn client_configuration() {
         kubeconfig: Some(dead.clone()),
         master: Some(server.url()),
         node_name: NODE.into(),
+        ..Default::default()
     };
     let c = client(&cfg).await.expect("client");
     let source = KubeSource::start(c, NODE)
@@ -528,6 +530,7 @@ async fn client_configuration() {
         kubeconfig: None,
         master: Some(server.url()),
         node_name: NODE.into(),
+        ..Default::default()
     };
     let c = client(&cfg).await.expect("client");
     assert!(KubeSource::start(c, NODE).await.is_ok());
@@ -537,6 +540,7 @@ async fn client_configuration() {
         kubeconfig: None,
         master: Some("http://exa mple".into()),
         node_name: NODE.into(),
+        ..Default::default()
     };
     assert!(matches!(
         client(&cfg).await,
@@ -546,6 +550,7 @@ async fn client_configuration() {
         kubeconfig: Some("/nonexistent/kubeconfig".into()),
         master: None,
         node_name: NODE.into(),
+        ..Default::default()
     };
     assert!(matches!(
         client(&cfg).await,
@@ -556,6 +561,7 @@ async fn client_configuration() {
         kubeconfig: Some(dead.clone()),
         master: None,
         node_name: NODE.into(),
+        ..Default::default()
     };
     let c = client(&cfg).await.expect("client");
     let _ = std::fs::remove_file(&dead);

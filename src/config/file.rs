@@ -495,6 +495,7 @@ fn read_client_connection(r: &mut Reader, v: &Value, cfg: &mut Config) {
             }
             "contentType" => {
                 if let Some(s) = r.str(&sub, v).filter(|s| !s.is_empty()) {
+                    r.warnings.extend(check::content_type_warning(&sub, &s));
                     cfg.kube_api_content_type = s;
                 }
             }

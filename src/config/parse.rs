@@ -316,12 +316,27 @@ fn field_of(flag: &str) -> &'static str {
     }
 }
 
+/// The flags that say which traffic is local and what is masqueraded (with
+/// `--config`, which may say it too): `explain` takes these from a running
+/// daemon unless one is given.
+const LOCAL_TRAFFIC_FLAGS: &[&str] = &[
+    "--config",
+    "--detect-local-mode",
+    "--cluster-cidr",
+    "--pod-bridge-interface",
+    "--pod-interface-name-prefix",
+    "--masquerade-all",
+];
+
 fn apply_flag(cfg: &mut Config, late: &mut LateFlags, g: &Given) -> Result<(), FlagError> {
     let name = g.flag.name;
     let v = g.value.as_str();
     let path = field_of(name);
     if !path.is_empty() {
         late.origins.insert(path, g.typed.clone());
+    }
+    if LOCAL_TRAFFIC_FLAGS.contains(&name) {
+        cfg.local_traffic_given = true;
     }
     if name == "--help" || name == "--version" {
         // Handled before; `--version=vX.Y.Z` sets upstream's reported version.
@@ -469,7 +484,10 @@ fn apply_flag(cfg: &mut Config, late: &mut LateFlags, g: &Given) -> Result<(), F
             let n = int()?;
             cfg.kube_api_burst = validate::burst(path, n)?;
         }
-        "--kube-api-content-type" => cfg.kube_api_content_type = v.to_string(),
+        "--kube-api-content-type" => {
+            cfg.warnings.extend(validate::content_type_warning(path, v));
+            cfg.kube_api_content_type = v.to_string()
+        }
         // Empty or `0` (ours, for both): the server is off.
         "--healthz-bind-address" | "--metrics-bind-address" => {
             if !v.is_empty() && v != "0" {

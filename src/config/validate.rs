@@ -168,6 +168,25 @@ pub fn nodeport_addresses(
     Ok((npa, warning))
 }
 
+/// `clientConnection.contentType`: kube-nlproxy speaks JSON to the API server
+/// whatever is asked (kube-rs reads no protobuf). kube-proxy's default,
+/// protobuf, is taken as JSON without a word (it is in every configuration
+/// kube-proxy writes; docs/differences-from-kube-proxy.md says so); any other
+/// value gets a warning. Upstream checks no value.
+pub fn content_type_warning(path: &str, v: &str) -> Option<String> {
+    let json_or_default = [
+        "",
+        "application/json",
+        "application/vnd.kubernetes.protobuf",
+    ];
+    (!json_or_default.contains(&v)).then(|| {
+        format!(
+            "{path} {v:?}: kube-nlproxy requests application/json \
+             (its Kubernetes client reads no protobuf)"
+        )
+    })
+}
+
 /// `clientConnection.burst`: not negative.
 pub fn burst(path: &str, n: i64) -> Result<i32, FieldError> {
     if n < 0 {
@@ -447,6 +466,21 @@ pub fn validate(cfg: &mut Config, origins: &BTreeMap<&'static str, String>) -> V
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn content_types_other_than_json_or_the_default_warn() {
+        let path = "clientConnection.contentType";
+        assert_eq!(content_type_warning(path, "application/json"), None);
+        assert_eq!(
+            content_type_warning(path, "application/vnd.kubernetes.protobuf"),
+            None
+        );
+        let w = content_type_warning(path, "application/yaml").unwrap();
+        assert!(
+            w.contains("application/yaml") && w.contains("application/json"),
+            "{w}"
+        );
+    }
 
     #[test]
     fn host_ports_as_upstream() {

@@ -60,6 +60,11 @@ pub struct KubeSourceConfig {
     pub master: Option<String>,
     /// Our node's name (`--hostname-override` or the host name).
     pub node_name: String,
+    /// `--kube-api-qps`: requests per second (0: client-go's default, 5;
+    /// negative: no limit).
+    pub qps: f32,
+    /// `--kube-api-burst`: requests at once (0: client-go's default, 10).
+    pub burst: i32,
 }
 
 /// Errors of the API source, named by the phase that failed.
@@ -107,7 +112,9 @@ pub enum KubeSourceError {
 }
 
 /// Builds the API client: `--kubeconfig` (with `--master` overriding its cluster URL),
-/// else `--master` alone, else the in-cluster configuration.
+/// else `--master` alone, else the in-cluster configuration; its requests are
+/// rate-limited by `qps` and `burst` ([`super::api_rate`]). It speaks JSON
+/// only: kube-rs reads no protobuf, so `--kube-api-content-type` is not sent.
 pub async fn client(cfg: &KubeSourceConfig) -> Result<::kube::Client, KubeSourceError> {
     let master = match &cfg.master {
         Some(url) => Some(
@@ -141,7 +148,12 @@ pub async fn client(cfg: &KubeSourceConfig) -> Result<::kube::Client, KubeSource
         (None, Some(url)) => Config::new(url),
         (None, None) => Config::incluster().map_err(KubeSourceError::InClusterConfig)?,
     };
-    ::kube::Client::try_from(config).map_err(KubeSourceError::ClientBuild)
+    let builder =
+        ::kube::client::ClientBuilder::try_from(config).map_err(KubeSourceError::ClientBuild)?;
+    Ok(match super::api_rate::limit_of(cfg.qps, cfg.burst) {
+        Some(limit) => builder.with_layer(&limit).build(),
+        None => builder.build(),
+    })
 }
 
 /// `(namespace, name)`; the namespace is empty for cluster-scoped kinds.

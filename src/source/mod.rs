@@ -1,5 +1,6 @@
 //! Where cluster objects come from.
 
+pub mod api_rate;
 pub mod file;
 pub mod kube;
 

@@ -1,0 +1,238 @@
+//! Client-side rate limit of API requests: kube-proxy's `--kube-api-qps` and
+//! `--kube-api-burst` (`clientConnection.qps`, `.burst`).
+//!
+//! client-go's token bucket: `burst` requests may go at once, then `qps` per
+//! second. Every request takes a token, a watch each time it is (re)opened, so a
+//! flapping API server is not hammered by relists. As in client-go, a qps of 0
+//! means the default (5), a burst of 0 the default (10), and a negative qps no
+//! limit at all.
+//!
+//! The limit is a [`Layer`] on kube's client stack. `kube::Client` drives its
+//! stack through a buffer, which asks `poll_ready` before each `call`: the layer
+//! waits there for its token, so waiting requests queue in order and none is
+//! dropped.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::time::{Instant, Sleep};
+use tower_layer::Layer;
+use tower_service::Service;
+
+/// client-go's `DefaultQPS`.
+pub const DEFAULT_QPS: f32 = 5.0;
+/// client-go's `DefaultBurst`.
+pub const DEFAULT_BURST: i32 = 10;
+
+/// A token bucket: `burst` tokens, refilled at `qps` per second. Pure: the
+/// caller says what time it is.
+#[derive(Debug, Clone)]
+pub struct TokenBucket {
+    qps: f64,
+    burst: f64,
+    tokens: f64,
+    at: Instant,
+}
+
+impl TokenBucket {
+    /// A full bucket at `now`.
+    pub fn new(qps: f64, burst: u32, now: Instant) -> Self {
+        let burst = f64::from(burst.max(1));
+        Self {
+            qps,
+            burst,
+            tokens: burst,
+            at: now,
+        }
+    }
+
+    /// Takes a token at `now`, or says how long until there is one.
+    pub fn take(&mut self, now: Instant) -> Result<(), Duration> {
+        let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
+        self.tokens = (self.tokens + elapsed * self.qps).min(self.burst);
+        self.at = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            Ok(())
+        } else {
+            Err(Duration::from_secs_f64((1.0 - self.tokens) / self.qps))
+        }
+    }
+}
+
+/// The rate limit of `--kube-api-qps` and `--kube-api-burst`, with client-go's
+/// reading of 0 and negative values; `None` when there is no limit.
+pub fn limit_of(qps: f32, burst: i32) -> Option<RateLimitLayer> {
+    let qps = if qps == 0.0 { DEFAULT_QPS } else { qps };
+    let burst = if burst == 0 { DEFAULT_BURST } else { burst };
+    (qps > 0.0 && qps.is_finite()).then(|| RateLimitLayer {
+        qps: f64::from(qps),
+        burst: u32::try_from(burst).unwrap_or(1),
+    })
+}
+
+/// Puts a [`RateLimited`] around a service.
+#[derive(Debug, Clone, Copy)]
+pub struct RateLimitLayer {
+    qps: f64,
+    burst: u32,
+}
+
+impl RateLimitLayer {
+    /// Requests per second.
+    pub fn qps(&self) -> f64 {
+        self.qps
+    }
+
+    /// Requests allowed at once.
+    pub fn burst(&self) -> u32 {
+        self.burst
+    }
+}
+
+impl<S> Layer<S> for RateLimitLayer {
+    type Service = RateLimited<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RateLimited {
+            inner,
+            bucket: TokenBucket::new(self.qps, self.burst, Instant::now()),
+            wait: None,
+            holds_token: false,
+        }
+    }
+}
+
+/// A service that is ready only when the token bucket gives a token.
+pub struct RateLimited<S> {
+    inner: S,
+    bucket: TokenBucket,
+    /// The wait for the next token, while there is none.
+    wait: Option<Pin<Box<Sleep>>>,
+    /// A token was taken for the next `call`.
+    holds_token: bool,
+}
+
+impl<S: std::fmt::Debug> std::fmt::Debug for RateLimited<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RateLimited")
+            .field("inner", &self.inner)
+            .field("bucket", &self.bucket)
+            .field("holds_token", &self.holds_token)
+            .finish()
+    }
+}
+
+impl<S, R> Service<R> for RateLimited<S>
+where
+    S: Service<R>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        while !self.holds_token {
+            if let Some(wait) = self.wait.as_mut() {
+                if wait.as_mut().poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                self.wait = None;
+            }
+            match self.bucket.take(Instant::now()) {
+                Ok(()) => self.holds_token = true,
+                Err(delay) => self.wait = Some(Box::pin(tokio::time::sleep(delay))),
+            }
+        }
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: R) -> Self::Future {
+        // A call without poll_ready is the caller's bug; tower's contract
+        // lets us serve it (the inner service decides) without a token.
+        self.holds_token = false;
+        self.inner.call(req)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_bucket_gives_burst_tokens_then_qps_per_second() {
+        let t0 = Instant::now();
+        let mut b = TokenBucket::new(2.0, 3, t0);
+        for _ in 0..3 {
+            assert_eq!(b.take(t0), Ok(()));
+        }
+        let wait = b.take(t0).unwrap_err();
+        assert_eq!(wait, Duration::from_millis(500));
+        assert!(b.take(t0 + Duration::from_millis(499)).is_err());
+        assert_eq!(b.take(t0 + Duration::from_millis(500)), Ok(()));
+        // Idle time refills at most `burst` tokens.
+        let later = t0 + Duration::from_secs(60);
+        for _ in 0..3 {
+            assert_eq!(b.take(later), Ok(()));
+        }
+        assert!(b.take(later).is_err());
+    }
+
+    #[test]
+    fn zero_means_the_default_and_a_negative_qps_no_limit() {
+        let l = limit_of(0.0, 0).unwrap();
+        assert_eq!((l.qps(), l.burst()), (5.0, 10));
+        let l = limit_of(7.5, 2).unwrap();
+        assert_eq!((l.qps(), l.burst()), (7.5, 2));
+        assert!(limit_of(-1.0, 10).is_none());
+    }
+
+    /// Counts calls; always ready.
+    #[derive(Clone, Default)]
+    struct Counter(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+    impl Service<()> for Counter {
+        type Response = ();
+        type Error = std::convert::Infallible;
+        type Future = std::future::Ready<Result<(), Self::Error>>;
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+            Poll::Ready(Ok(()))
+        }
+        fn call(&mut self, _: ()) -> Self::Future {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            std::future::ready(Ok(()))
+        }
+    }
+
+    /// Drives `poll_ready` then `call`, as kube's buffer does.
+    async fn request(svc: &mut RateLimited<Counter>) {
+        std::future::poll_fn(|cx| svc.poll_ready(cx)).await.unwrap();
+        svc.call(()).await.unwrap();
+    }
+
+    #[test]
+    fn requests_beyond_the_burst_wait_for_their_token() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let counter = Counter::default();
+            let mut svc = limit_of(4.0, 2).unwrap().layer(counter.clone());
+            let start = Instant::now();
+            for _ in 0..10 {
+                request(&mut svc).await;
+            }
+            // 2 at once, then 8 at 4/s: 2 s of (paused, virtual) time.
+            assert_eq!(counter.0.load(std::sync::atomic::Ordering::SeqCst), 10);
+            let took = start.elapsed();
+            assert!(
+                took >= Duration::from_secs(2) && took < Duration::from_millis(2050),
+                "{took:?}"
+            );
+        });
+    }
+}
