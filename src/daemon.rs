@@ -13,8 +13,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::config::Config;
 use crate::driver::{Driver, Host, Mode, Synced};
-use crate::mode::nftables::NodePortAddresses;
+use crate::mode::nftables::{LocalDetector, NodePortAddresses};
 use crate::model::{ClusterState, IpFamily, ServicePortName, TrafficPolicy, categorize_endpoints};
+use crate::serve::status::LocalTraffic;
 use crate::serve::{
     self, Metrics, NodeEligibility, ProxyHealth, ServiceHealthServer, TrafficPolicy as Policy,
 };
@@ -768,6 +769,9 @@ pub async fn run<M: Mode, H: Host>(
             }
             if ok {
                 kube_proxy_watch.synced(reason == RunReason::Periodic, &metrics);
+                metrics
+                    .status
+                    .set_local_traffic(local_traffic_of(cfg, daemon.driver.state()));
             }
             continue;
         }
@@ -804,6 +808,41 @@ pub async fn run<M: Mode, H: Host>(
             }
         }
     }
+}
+
+/// The local-traffic detection and `--masquerade-all` in force, as `/status`
+/// shows them.
+pub fn local_traffic_of(cfg: &Config, state: &ClusterState) -> LocalTraffic {
+    let (detector, cidrs, interface) = match crate::driver::local_detector(cfg, state) {
+        LocalDetector::None => ("none", Vec::new(), None),
+        LocalDetector::Cidrs(c) => ("cidrs", c.iter().map(|c| c.to_string()).collect(), None),
+        LocalDetector::BridgeInterface(i) => ("bridge-interface", Vec::new(), Some(i)),
+        LocalDetector::InterfaceNamePrefix(p) => ("interface-name-prefix", Vec::new(), Some(p)),
+    };
+    LocalTraffic {
+        detector: detector.to_string(),
+        cidrs,
+        interface,
+        masquerade_all: cfg.masquerade_all,
+    }
+}
+
+/// The local-traffic detection a daemon's `/status` shows; `None` when it
+/// names one this version does not know.
+pub fn local_detector_of(local: &LocalTraffic) -> Option<LocalDetector> {
+    Some(match (local.detector.as_str(), &local.interface) {
+        ("none", _) => LocalDetector::None,
+        ("cidrs", _) => LocalDetector::Cidrs(
+            local
+                .cidrs
+                .iter()
+                .map(|c| c.parse().ok())
+                .collect::<Option<_>>()?,
+        ),
+        ("bridge-interface", Some(i)) => LocalDetector::BridgeInterface(i.clone()),
+        ("interface-name-prefix", Some(p)) => LocalDetector::InterfaceNamePrefix(p.clone()),
+        _ => return None,
+    })
 }
 
 /// Resolves at SIGTERM or SIGINT.

@@ -192,6 +192,8 @@ async fn start_source(
                 kubeconfig: cfg.kubeconfig.clone(),
                 master: cfg.master.clone(),
                 node_name: node.clone(),
+                qps: cfg.kube_api_qps,
+                burst: cfg.kube_api_burst,
             };
             let client = kube_source::client(&kcfg).await?;
             // The daemon waits for its API server; a command (`plan`, `--once`)
@@ -410,6 +412,12 @@ pub async fn explain(cfg: &Config) -> Result<u8, ProxierError> {
             Vec::new()
         });
     let nodeport_all = view.sets.get("nodeport-ips").is_none_or(|s| s.is_empty());
+    // Which traffic is local: as typed, else as the running daemon has it.
+    let daemon_local = (!cfg.local_traffic_given)
+        .then(|| daemon_status(&cfg.metrics_bind_address))
+        .flatten()
+        .and_then(|d| d.local_traffic)
+        .and_then(|l| Some((crate::daemon::local_detector_of(&l)?, l.masquerade_all)));
     let mut query = Query {
         daddr,
         proto,
@@ -420,10 +428,27 @@ pub async fn explain(cfg: &Config) -> Result<u8, ProxierError> {
         local_detector: crate::driver::local_detector(cfg, &Default::default()),
         masquerade_all: cfg.masquerade_all,
     };
+    // The desired state (`--source`) is rendered with the same settings.
+    let mut daemon_cfg = None;
+    if let Some((detector, masquerade_all)) = &daemon_local {
+        query.local_detector = detector.clone();
+        query.masquerade_all = *masquerade_all;
+        daemon_cfg = Some(with_local_traffic(cfg, detector, *masquerade_all));
+    }
+    let cfg = daemon_cfg.as_ref().unwrap_or(cfg);
+    let settings_note = daemon_local.as_ref().map(|_| {
+        format!(
+            "local traffic and masquerading as the daemon on {} runs them",
+            cfg.metrics_bind_address
+        )
+    });
     if cfg.mode == ProxyMode::Ipvs {
         return explain_ipvs_mode(cfg, target, query, state.as_ref()).await;
     }
     let mut kernel = explain(&view, &query);
+    if let Some(note) = &settings_note {
+        kernel.masquerade_reason = format!("{} ({note})", kernel.masquerade_reason);
+    }
     if state.is_none() {
         kernel.problems.push(format!(
             "no table {} {} in the kernel: kube-nlproxy has not synced here (or it was deleted)",
@@ -469,6 +494,35 @@ pub async fn explain(cfg: &Config) -> Result<u8, ProxierError> {
     }
     print_explanation(cfg, target, &query, &kernel, disagree.as_deref());
     Ok(kernel.outcome.exit_code())
+}
+
+/// `cfg` with the local-traffic detection and `--masquerade-all` of a running
+/// daemon (its pod CIDRs, whichever mode found them, as `ClusterCIDR`).
+fn with_local_traffic(
+    cfg: &Config,
+    detector: &crate::mode::nftables::LocalDetector,
+    masquerade_all: bool,
+) -> Config {
+    use crate::config::DetectLocalMode as Mode;
+    use crate::mode::nftables::LocalDetector;
+    let mut out = cfg.clone();
+    out.masquerade_all = masquerade_all;
+    out.detect_local_mode = match detector {
+        LocalDetector::None => None,
+        LocalDetector::Cidrs(c) => {
+            out.cluster_cidrs = c.clone();
+            Some(Mode::ClusterCidr)
+        }
+        LocalDetector::BridgeInterface(i) => {
+            out.pod_bridge_interface = Some(i.clone());
+            Some(Mode::BridgeInterface)
+        }
+        LocalDetector::InterfaceNamePrefix(p) => {
+            out.pod_interface_name_prefix = Some(p.clone());
+            Some(Mode::InterfaceNamePrefix)
+        }
+    };
+    out
 }
 
 /// With the desired state at hand: why the matched service port's endpoints
@@ -733,18 +787,25 @@ pub async fn status(cfg: &Config) -> Result<(), ProxierError> {
             t.rules = st.rules.values().map(Vec::len).sum();
             t.sets = st.sets.len();
             t.elements = st.elements.values().map(Vec::len).sum();
-            let mut services = std::collections::BTreeSet::new();
-            let mut ports = std::collections::BTreeSet::new();
+            // Elements name a port (`ns/name:port`) or the whole Service
+            // (`ns/name`, also a port's name when it has no port name: then
+            // the Service has that one port).
+            let mut named_ports: std::collections::BTreeMap<
+                &str,
+                std::collections::BTreeSet<&str>,
+            > = Default::default();
             for e in st.elements.values().flatten() {
                 if let Some(c) = e.comment.as_deref()
                     && let Some(s) = crate::sync::service_of_comment(c)
                 {
-                    services.insert(s.to_string());
-                    ports.insert(c.to_string());
+                    let ports = named_ports.entry(s).or_default();
+                    if c.len() > s.len() {
+                        ports.insert(c);
+                    }
                 }
             }
-            t.services = services.len();
-            t.service_ports = ports.len();
+            t.services = named_ports.len();
+            t.service_ports = named_ports.values().map(|p| p.len().max(1)).sum();
             t.endpoint_elements = st
                 .elements
                 .iter()
@@ -778,11 +839,19 @@ pub async fn status(cfg: &Config) -> Result<(), ProxierError> {
         }
         _ => None,
     };
+    // The daemon's count and the kernel's, in the same unit (nftables mode:
+    // ipvs keeps its services out of our table).
+    let counts_agree = daemon
+        .as_ref()
+        .filter(|d| d.mode == "nftables" && d.syncs > 0)
+        .map(|d| d.service_ports == tables.iter().map(|t| t.service_ports).sum::<usize>());
     match cfg.output {
         crate::config::Output::Json => {
             #[derive(serde::Serialize)]
             struct Out<'a> {
                 daemon: Option<&'a crate::serve::status::StatusInfo>,
+                #[serde(skip_serializing_if = "Option::is_none")]
+                service_ports_agree: Option<bool>,
                 kernel: &'a [KernelTableStatus],
                 #[serde(skip_serializing_if = "Option::is_none")]
                 ipvs: Option<&'a KernelIpvsStatus>,
@@ -794,6 +863,7 @@ pub async fn status(cfg: &Config) -> Result<(), ProxierError> {
                 "{}",
                 serde_json::to_string_pretty(&Out {
                     daemon: daemon.as_ref(),
+                    service_ports_agree: counts_agree,
                     kernel: &tables,
                     ipvs: ipvs.as_ref(),
                     drift: drift.as_deref(),
@@ -808,7 +878,10 @@ pub async fn status(cfg: &Config) -> Result<(), ProxierError> {
                     println!("daemon ({}/status):", cfg.metrics_bind_address);
                     println!("  mode:          {}", d.mode);
                     println!("  node:          {}", d.node);
-                    println!("  service ports: {}", d.service_ports);
+                    println!(
+                        "  service ports: {} (once per family, as the tables below count them)",
+                        d.service_ports
+                    );
                     let ago = d.last_sync_unix.map(|t| {
                         let now = std::time::SystemTime::now()
                             .duration_since(std::time::UNIX_EPOCH)
@@ -862,7 +935,7 @@ pub async fn status(cfg: &Config) -> Result<(), ProxierError> {
                     continue;
                 }
                 println!(
-                    "table {} kube-nlproxy: {} services ({} ports), {} endpoint elements; {} chains, {} rules, {} sets, {} elements",
+                    "table {} kube-nlproxy: {} services ({} service ports), {} endpoint elements; {} chains, {} rules, {} sets, {} elements",
                     t.family,
                     t.services,
                     t.service_ports,
@@ -875,6 +948,14 @@ pub async fn status(cfg: &Config) -> Result<(), ProxierError> {
                 for r in &t.foreign_rules {
                     println!("  ! not ours (changed behind our back): {r}");
                 }
+            }
+            if let Some(false) = counts_agree {
+                println!(
+                    "! the daemon serves {} service ports, the kernel's tables name {}: \
+                     a sync is pending or failed (see last error)",
+                    daemon.as_ref().map_or(0, |d| d.service_ports),
+                    tables.iter().map(|t| t.service_ports).sum::<usize>()
+                );
             }
             if let Some(i) = &ipvs {
                 match i.dummy_addresses {

@@ -89,6 +89,20 @@ fn explain_predicts_what_connections_do() {
             "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: drain-v4\n  namespace: default\n  labels:\n    kubernetes.io/service-name: drain\naddressType: IPv4\nports:\n- name: echo\n  protocol: TCP\n  port: 8080\nendpoints:\n- addresses: [{a}]\n  conditions: {{ready: false, serving: true, terminating: true}}\n- addresses: [{b}]\n  conditions: {{ready: false, serving: false, terminating: true}}\n"
         ),
     ]));
+    // plan before the first sync: the rules it would add, as nft writes them.
+    let out = p.command(&["plan"], &[]);
+    let s = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success(), "{}", output_text(&out));
+    assert!(
+        s.contains("ip daddr . meta l4proto . th dport @no-endpoint-reject-ips reject")
+            && s.contains("ip saddr != 10.244.0.0/16 ip daddr @cluster-ips jump")
+            && s.contains("meta mark & 0x00004000 == 0x00000000 return")
+            && s.contains("dnat ip addr . port to ")
+            && s.contains("masquerade fully-random")
+            && !s.contains("[ payload")
+            && !s.contains("reg "),
+        "{s}"
+    );
     p.sync();
 
     // plan after a sync: nothing to send.
@@ -349,6 +363,25 @@ fn status_from_the_daemon_and_from_the_kernel() {
     assert_eq!(v["daemon"]["drift_repairs"], 0, "{v}");
     assert_eq!(v["kernel"][0]["services"], 1, "{v}");
     assert_eq!(v["kernel"][0]["endpoint_elements"], 2, "{v}");
+    // The daemon's count and the kernel's are of the same thing.
+    assert_eq!(v["daemon"]["service_ports"], 1, "{v}");
+    assert_eq!(v["kernel"][0]["service_ports"], 1, "{v}");
+    assert_eq!(v["service_ports_agree"], true, "{v}");
+    // The local-traffic settings it runs with, for explain.
+    assert_eq!(v["daemon"]["local_traffic"]["detector"], "cidrs", "{v}");
+    assert_eq!(
+        v["daemon"]["local_traffic"]["cidrs"],
+        serde_json::json!(["10.244.0.0/16", "fd44::/16"]),
+        "{v}"
+    );
+    let out = p.command_bare(&["status"], &["--metrics-bind-address", "127.0.0.1:10249"]);
+    let s = output_text(&out);
+    assert!(
+        s.contains("service ports: 1 (once per family")
+            && s.contains("1 services (1 service ports)")
+            && !s.contains("kernel's tables name"),
+        "{s}"
+    );
     // Behind our back: a rule in our chain. The drift check (every second)
     // finds it and repairs; status counts it.
     sh(&[
@@ -404,4 +437,100 @@ fn status_from_the_daemon_and_from_the_kernel() {
     let s = output_text(&out);
     assert!(s.contains("no daemon answers"), "{s}");
     assert!(s.contains("changed behind our back"), "{s}");
+}
+
+/// `explain` without the daemon's flags typed again: it asks the running
+/// daemon (`/status`) which traffic is local and what is masqueraded, and its
+/// answer is what a real connection sees.
+#[test]
+fn explain_answers_as_the_running_daemon() {
+    let mut t = Topo::new();
+    t.add_pod("client", Where::Local);
+    t.add_pod("a", Where::Local);
+    let client = t.pod("client").v4.to_string();
+    let client_ns = t.pod("client").ns.clone();
+    let ext = t.ext.clone();
+    let mut p = Proxy::new(&t, BIN);
+    p.args.extend(
+        ["--metrics-bind-address", "127.0.0.1:10249"]
+            .iter()
+            .map(|s| s.to_string()),
+    );
+    p.write(&cluster(&[
+        Svc::new(
+            "web",
+            "ClusterIP",
+            &[VIP],
+            vec![port("echo", "TCP", 80, 8080)],
+        )
+        .yaml(),
+        slice(
+            "web",
+            "v4",
+            false,
+            &[("echo", "TCP", 8080)],
+            &t.eps(&["a"], false),
+        ),
+    ]));
+    p.start();
+    assert!(
+        p.wait_table(Duration::from_secs(10), |s| s.contains(VIP)),
+        "the daemon synced"
+    );
+    // Only the metrics address: no --cluster-cidr, no --detect-local-mode.
+    let explain = |from: &str, metrics: &str| -> serde_json::Value {
+        let mut v = serde_json::Value::Null;
+        // The daemon publishes its settings after its first sync.
+        for _ in 0..50 {
+            let out = p.command_bare(
+                &["explain"],
+                &[
+                    &format!("{VIP}:80"),
+                    "--from",
+                    from,
+                    "--metrics-bind-address",
+                    metrics,
+                    "--output",
+                    "json",
+                ],
+            );
+            assert_eq!(out.status.code(), Some(0), "{}", output_text(&out));
+            v = output_json(&out);
+            if metrics.ends_with(":1")
+                || v["masquerade_reason"]
+                    .as_str()
+                    .unwrap_or("")
+                    .contains("as the daemon on")
+            {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        v
+    };
+    // Off-cluster client: masqueraded, as the daemon's ClusterCIDR detection says.
+    let v = explain(&EXT_V4.to_string(), "127.0.0.1:10249");
+    assert_eq!(v["masquerade"], true, "{v}");
+    assert!(
+        v["masquerade_reason"]
+            .as_str()
+            .unwrap_or("")
+            .contains("as the daemon on 127.0.0.1:10249 runs them"),
+        "{v}"
+    );
+    let r = tcp(&ext, sa(ip(VIP), 80), OK_TIMEOUT).expect("ClusterIP answers the outside");
+    assert_ne!(
+        r.src,
+        std::net::IpAddr::from(EXT_V4),
+        "explain said: masqueraded"
+    );
+    // A pod: not masqueraded.
+    let v = explain(&client, "127.0.0.1:10249");
+    assert_eq!(v["masquerade"], false, "{v}");
+    let r = tcp(&client_ns, sa(ip(VIP), 80), OK_TIMEOUT).expect("ClusterIP answers a pod");
+    assert_eq!(r.src.to_string(), client, "explain said: not masqueraded");
+    // Without a daemon to ask and without the flags, explain cannot know the
+    // pod CIDRs: its answer differs from what the connection saw.
+    let v = explain(&EXT_V4.to_string(), "127.0.0.1:1");
+    assert_eq!(v["masquerade"], false, "{v}");
 }

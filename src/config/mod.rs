@@ -216,6 +216,9 @@ pub struct Config {
     /// Whether `--source` was given (`explain` then compares with the desired
     /// state).
     pub source_given: bool,
+    /// Whether a flag (or `--config`) said which traffic is local or what is
+    /// masqueraded (`explain` otherwise takes the daemon's settings).
+    pub local_traffic_given: bool,
     /// `explain`'s `IP:PORT[/tcp|udp|sctp]`, as given.
     pub explain_target: Option<String>,
     /// `explain --from SRC_IP`.
@@ -273,6 +276,7 @@ impl Default for Config {
             warnings: Vec::new(),
             output: Output::Text,
             source_given: false,
+            local_traffic_given: false,
             explain_target: None,
             explain_from: None,
         }

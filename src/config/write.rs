@@ -214,6 +214,8 @@ mod tests {
         assert!(back.warnings.is_empty(), "{:?}\n{text}", back.warnings);
         // The ipvs flags' periods were folded into the effective ones.
         back.ipvs_sync_periods = cfg.ipvs_sync_periods;
+        // Which flags were typed is the command line's, not the file's.
+        back.local_traffic_given = cfg.local_traffic_given;
         assert_eq!(back, cfg, "{text}");
         assert!(
             text.starts_with(

@@ -14,8 +14,15 @@ pub struct StatusInfo {
     pub mode: String,
     /// Our node's name.
     pub node: String,
-    /// Service ports in the model (both families), after the last good sync.
+    /// Service ports in the model, counted once per family (a dual-stack
+    /// port twice), after the last good sync: in nftables mode, the sum of
+    /// the service ports the kernel's `ip` and `ip6` tables name.
     pub service_ports: usize,
+    /// Which traffic the daemon takes as local, and whether it masquerades
+    /// all: `explain` answers as the daemon runs, without the flags typed
+    /// again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local_traffic: Option<LocalTraffic>,
     /// Successful syncs since start.
     pub syncs: u64,
     /// Failed syncs since start.
@@ -40,6 +47,23 @@ pub struct StatusInfo {
     /// What was removed of kube-proxy's state after the first sync.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kube_proxy_state_removed: Option<String>,
+}
+
+/// The daemon's local-traffic detection, resolved (`--detect-local-mode`
+/// with its CIDRs or interface, the Node's pod CIDRs for `NodeCIDR`), and
+/// `--masquerade-all`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LocalTraffic {
+    /// `none`, `cidrs`, `bridge-interface` or `interface-name-prefix`.
+    pub detector: String,
+    /// The CIDRs of `cidrs`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cidrs: Vec<String>,
+    /// The bridge of `bridge-interface`, the prefix of `interface-name-prefix`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interface: Option<String>,
+    /// `--masquerade-all`.
+    pub masquerade_all: bool,
 }
 
 /// Shared status, updated by the daemon and read by the HTTP handler.
@@ -74,6 +98,16 @@ impl Status {
             s.last_sync_full = Some(full);
             s.last_error = None;
             s.service_ports = service_ports;
+        })
+    }
+
+    /// The local-traffic settings in force (set after each good sync: the
+    /// Node's pod CIDRs may have changed).
+    pub fn set_local_traffic(&self, local: LocalTraffic) {
+        self.with(|s| {
+            if s.local_traffic.as_ref() != Some(&local) {
+                s.local_traffic = Some(local)
+            }
         })
     }
 

@@ -44,7 +44,11 @@ impl TableView {
         let mut foreign_rules = Vec::new();
         for (chain, rules) in &state.rules {
             for r in rules.iter().filter(|r| r.fingerprint.is_none()) {
-                foreign_rules.push(format!("{chain}: handle {} {:?}", r.handle, r.comment));
+                let comment = match r.comment.as_str() {
+                    "" => "no comment".to_string(),
+                    c => format!("comment \"{c}\""),
+                };
+                foreign_rules.push(format!("chain {chain}, handle {}, {comment}", r.handle));
             }
         }
         let service_cidrs = state
