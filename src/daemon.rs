@@ -272,6 +272,14 @@ impl<M: Mode, H: Host> Daemon<'_, M, H> {
                 "sync: committed"
             );
         }
+        // -v=2: which Services the sync changed (the first ones, then a count:
+        // a first sync at 10k Services stays one line).
+        if !synced.changed.is_empty() && tracing::enabled!(tracing::Level::DEBUG) {
+            tracing::debug!(
+                services = %changed_services(&synced.changed, CHANGED_SERVICES_LOGGED),
+                "sync: changed"
+            );
+        }
         self.record_success(&synced, elapsed, &changed_slices);
         let nodeports = self
             .driver
@@ -808,6 +816,27 @@ pub async fn run<M: Mode, H: Host>(
             }
         }
     }
+}
+
+/// How many changed Services a `-v=2` sync line names.
+const CHANGED_SERVICES_LOGGED: usize = 20;
+
+/// The Services (`ns/name`) of the changed service ports, each once, the
+/// first `limit` of them and how many more.
+fn changed_services(changed: &[ServicePortName], limit: usize) -> String {
+    let mut seen = BTreeSet::new();
+    for p in changed {
+        seen.insert((&*p.namespace, &*p.name));
+    }
+    let mut out: Vec<String> = seen
+        .iter()
+        .take(limit)
+        .map(|(ns, name)| format!("{ns}/{name}"))
+        .collect();
+    if seen.len() > limit {
+        out.push(format!("and {} more", seen.len() - limit));
+    }
+    out.join(", ")
 }
 
 /// The local-traffic detection and `--masquerade-all` in force, as `/status`

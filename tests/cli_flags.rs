@@ -554,10 +554,20 @@ fn the_written_configuration_reads_back() {
 /// its flags is one we test above, and each of its feature gates we know.
 #[test]
 fn the_real_kube_proxy_help_lists_nothing_we_miss() {
+    // `KNP_TESTENV_BIN` (set by scripts/test: then it must be there),
     // `KNP_KUBE_PROXY`, else a finished build (`.build.*` is one under way).
-    let Some(kube_proxy) = std::env::var_os("KNP_KUBE_PROXY")
-        .map(PathBuf::from)
+    if let Some(dir) = std::env::var_os("KNP_TESTENV_BIN") {
+        let p = PathBuf::from(dir).join("kube-proxy");
+        assert!(
+            p.exists(),
+            "KNP_TESTENV_BIN has no kube-proxy: {}",
+            p.display()
+        );
+    }
+    let Some(kube_proxy) = std::env::var_os("KNP_TESTENV_BIN")
+        .map(|d| PathBuf::from(d).join("kube-proxy"))
         .into_iter()
+        .chain(std::env::var_os("KNP_KUBE_PROXY").map(PathBuf::from))
         .chain(
             std::fs::read_dir("/var/cache/kube-nlproxy-testenv")
                 .ok()

@@ -452,7 +452,7 @@ fn explain_answers_as_the_running_daemon() {
     let ext = t.ext.clone();
     let mut p = Proxy::new(&t, BIN);
     p.args.extend(
-        ["--metrics-bind-address", "127.0.0.1:10249"]
+        ["--metrics-bind-address", "127.0.0.1:10249", "-v=2"]
             .iter()
             .map(|s| s.to_string()),
     );
@@ -476,6 +476,13 @@ fn explain_answers_as_the_running_daemon() {
     assert!(
         p.wait_table(Duration::from_secs(10), |s| s.contains(VIP)),
         "the daemon synced"
+    );
+    // At -v=2 the sync line names the Services it changed.
+    let log = p.log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("sync: changed") && l.contains("default/web")),
+        "{log}"
     );
     // Only the metrics address: no --cluster-cidr, no --detect-local-mode.
     let explain = |from: &str, metrics: &str| -> serde_json::Value {

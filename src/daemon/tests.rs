@@ -180,3 +180,28 @@ async fn network_programming_latency_is_observed_in_the_changed_slices_family_on
     assert_eq!(programming_count(&metrics, "IPv4"), "1");
     assert_eq!(programming_count(&metrics, "IPv6"), "1");
 }
+
+#[test]
+fn the_changed_services_line_names_each_service_once_and_counts_the_rest() {
+    use crate::model::Protocol;
+    let port = |ns: &str, name: &str, port: &str| ServicePortName {
+        namespace: ns.into(),
+        name: name.into(),
+        port_name: port.into(),
+        protocol: Protocol::Tcp,
+    };
+    let changed = [
+        port("default", "web", "http"),
+        port("default", "web", "https"),
+        port("kube-system", "dns", "dns"),
+        port("a", "x", ""),
+    ];
+    assert_eq!(
+        changed_services(&changed, 20),
+        "a/x, default/web, kube-system/dns"
+    );
+    assert_eq!(
+        changed_services(&changed, 2),
+        "a/x, default/web, and 1 more"
+    );
+}
