@@ -300,18 +300,14 @@ fn explain_predicts_what_connections_do() {
     }
 }
 
-/// `status` from the running daemon (`/status` on its metrics port) and, with
-/// no daemon, from the kernel; a rule added behind our back is counted as a
-/// drift repair by the daemon and named by the kernel-only status.
-#[test]
-fn status_from_the_daemon_and_from_the_kernel() {
-    let mut t = Topo::new();
-    t.add_pod("a", Where::Local);
-    t.add_pod("b", Where::Remote);
-    let mut p = Proxy::new(&t, BIN);
+/// A daemon (metrics on 127.0.0.1:10249, and `extra` flags) serving
+/// `default/web` on VIP:80 by `pods`, once it has synced.
+fn daemon_serving_web(t: &Topo, pods: &[&str], extra: &[&str]) -> Proxy {
+    let mut p = Proxy::new(t, BIN);
     p.args.extend(
         ["--metrics-bind-address", "127.0.0.1:10249"]
             .iter()
+            .chain(extra)
             .map(|s| s.to_string()),
     );
     p.write(&cluster(&[
@@ -327,7 +323,7 @@ fn status_from_the_daemon_and_from_the_kernel() {
             "v4",
             false,
             &[("echo", "TCP", 8080)],
-            &t.eps(&["a", "b"], false),
+            &t.eps(pods, false),
         ),
     ]));
     p.start();
@@ -335,6 +331,18 @@ fn status_from_the_daemon_and_from_the_kernel() {
         p.wait_table(Duration::from_secs(10), |s| s.contains(VIP)),
         "the daemon synced"
     );
+    p
+}
+
+/// `status` from the running daemon (`/status` on its metrics port) and, with
+/// no daemon, from the kernel; a rule added behind our back is counted as a
+/// drift repair by the daemon and named by the kernel-only status.
+#[test]
+fn status_from_the_daemon_and_from_the_kernel() {
+    let mut t = Topo::new();
+    t.add_pod("a", Where::Local);
+    t.add_pod("b", Where::Remote);
+    let mut p = daemon_serving_web(&t, &["a", "b"], &[]);
     let status = |p: &Proxy| -> serde_json::Value {
         let out = p.command_bare(
             &["status"],
@@ -450,33 +458,7 @@ fn explain_answers_as_the_running_daemon() {
     let client = t.pod("client").v4.to_string();
     let client_ns = t.pod("client").ns.clone();
     let ext = t.ext.clone();
-    let mut p = Proxy::new(&t, BIN);
-    p.args.extend(
-        ["--metrics-bind-address", "127.0.0.1:10249", "-v=2"]
-            .iter()
-            .map(|s| s.to_string()),
-    );
-    p.write(&cluster(&[
-        Svc::new(
-            "web",
-            "ClusterIP",
-            &[VIP],
-            vec![port("echo", "TCP", 80, 8080)],
-        )
-        .yaml(),
-        slice(
-            "web",
-            "v4",
-            false,
-            &[("echo", "TCP", 8080)],
-            &t.eps(&["a"], false),
-        ),
-    ]));
-    p.start();
-    assert!(
-        p.wait_table(Duration::from_secs(10), |s| s.contains(VIP)),
-        "the daemon synced"
-    );
+    let p = daemon_serving_web(&t, &["a"], &["-v=2"]);
     // At -v=2 the sync line names the Services it changed.
     let log = p.log();
     assert!(

@@ -1081,18 +1081,8 @@ impl NftSocket {
         table: &str,
         with_elements: bool,
     ) -> Result<Option<TableState>, NftError> {
-        match self.request("table", family, &get_table(table)) {
-            Ok(msgs) => {
-                let found = msgs.iter().any(|m| match m {
-                    NfTablesMessage::NewTable(t) => parse_table_name(t) == Some(table),
-                    _ => false,
-                });
-                if !found {
-                    return Ok(None);
-                }
-            }
-            Err(NftError::Dump { errno, .. }) if errno == libc::ENOENT => return Ok(None),
-            Err(e) => return Err(e),
+        if !self.table_exists(family, table)? {
+            return Ok(None);
         }
         let mut state = TableState::default();
 
@@ -1160,6 +1150,18 @@ impl NftSocket {
 }
 
 impl NftSocket {
+    /// Whether `table` of `family` exists.
+    fn table_exists(&mut self, family: Family, table: &str) -> Result<bool, NftError> {
+        match self.request("table", family, &get_table(table)) {
+            Ok(msgs) => Ok(msgs.iter().any(|m| match m {
+                NfTablesMessage::NewTable(t) => parse_table_name(t) == Some(table),
+                _ => false,
+            })),
+            Err(NftError::Dump { errno, .. }) if errno == libc::ENOENT => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     /// The chains and rules of a table we do not own (`nft -a list table`, without
     /// sets): `None` when it does not exist. For kube-proxy's state, and for the
     /// jumps to it in iptables-nft's `nat`, `filter` and `mangle`.
@@ -1168,18 +1170,8 @@ impl NftSocket {
         family: Family,
         table: &str,
     ) -> Result<Option<ForeignTable>, NftError> {
-        match self.request("table", family, &get_table(table)) {
-            Ok(msgs) => {
-                let found = msgs.iter().any(|m| match m {
-                    NfTablesMessage::NewTable(t) => parse_table_name(t) == Some(table),
-                    _ => false,
-                });
-                if !found {
-                    return Ok(None);
-                }
-            }
-            Err(NftError::Dump { errno, .. }) if errno == libc::ENOENT => return Ok(None),
-            Err(e) => return Err(e),
+        if !self.table_exists(family, table)? {
+            return Ok(None);
         }
         let mut state = ForeignTable::default();
         for m in self.request("chains", family, &get_chains(table))? {
