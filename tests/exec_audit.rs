@@ -1,8 +1,10 @@
 //! The daemon never executes a program: the real binary runs a whole scenario
 //! under `strace -f -e trace=execve,execveat` (start on the file source, first
-//! sync, an endpoint change, /healthz and /metrics, SIGTERM, then `cleanup`), and
-//! the only exec in each trace is the launch of the binary itself.
+//! sync, an endpoint change, /healthz and /metrics, SIGTERM, then `cleanup`; the
+//! same on the kube source; a kubeconfig whose user would run a credential
+//! plugin), and the only exec in each trace is the launch of the binary itself.
 mod common;
+use common::apiserver::FakeApiServer;
 use common::*;
 
 use std::path::Path;
@@ -209,6 +211,113 @@ fn the_daemon_and_cleanup_never_exec() {
     let trace = std::fs::read_to_string(&cleanup_trace).unwrap();
     if let Err(e) = only_the_launch(&trace, Path::new(BIN)) {
         panic!("cleanup: {e}\ntrace:\n{trace}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `web` (VIP:80 -> 8080) served by `backend`, as API objects.
+fn web_objects(t: &Topo, backend: &str) -> [serde_json::Value; 2] {
+    let addr = t.pod(backend).v4.to_string();
+    [
+        serde_json::json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "web", "namespace": "default"},
+            "spec": {"type": "ClusterIP", "clusterIP": VIP, "clusterIPs": [VIP],
+                     "ports": [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080}]}
+        }),
+        serde_json::json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": "web-1", "namespace": "default",
+                         "labels": {"kubernetes.io/service-name": "web"}},
+            "addressType": "IPv4",
+            "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+            "endpoints": [{"addresses": [addr], "conditions": {"ready": true}}]
+        }),
+    ]
+}
+
+#[test]
+fn the_kube_source_never_execs_and_a_kubeconfig_that_would_is_refused() {
+    let mut t = Topo::new();
+    t.add_pod("client", Where::Local);
+    t.add_pod("b1", Where::Local);
+    t.add_pod("b2", Where::Remote);
+    let client = t.pod("client").ns.clone();
+    let node = t.node.clone();
+    let dir = std::env::temp_dir().join(unique("knp-exec-audit-kube"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let api = FakeApiServer::start_in_netns(&node);
+    for o in web_objects(&t, "b1") {
+        api.create(o);
+    }
+    let kubeconfig = dir.join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig);
+
+    // The kube source: list, watch, an endpoint change, SIGTERM.
+    let run_trace = dir.join("run.trace");
+    let mut p = Proxy::new(&t, BIN).with_kube_source(&kubeconfig);
+    let wrapper = strace_args(&run_trace);
+    let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
+    p.start_wrapped(&wrapper);
+    answered_by(&p, &client, "b1");
+    let [_, moved] = web_objects(&t, "b2");
+    api.update(moved);
+    answered_by(&p, &client, "b2");
+    let strace_pid = p.pid().expect("running");
+    let daemon = traced_child(strace_pid).expect("strace's child");
+    // SAFETY: kill(2) on a pid this test started; no memory is involved.
+    assert_eq!(
+        unsafe { libc::kill(daemon as libc::pid_t, libc::SIGTERM) },
+        0
+    );
+    assert!(
+        eventually(WAIT, || !p.running()),
+        "strace did not end after SIGTERM; log:\n{}",
+        p.log()
+    );
+    let trace = std::fs::read_to_string(&run_trace).unwrap();
+    if let Err(e) = only_the_launch(&trace, Path::new(BIN)) {
+        panic!("kube source: {e}\ntrace:\n{trace}\nlog:\n{}", p.log());
+    }
+
+    // A kubeconfig whose user gets credentials from a program: refused at
+    // start with the reason, and the program never runs.
+    let marker = dir.join("plugin-ran");
+    let refused = dir.join("exec.kubeconfig");
+    std::fs::write(
+        &refused,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {}\n\
+             users:\n- name: plugin\n  user:\n    exec:\n      apiVersion: client.authentication.k8s.io/v1\n\
+             \x20     command: /usr/bin/touch\n      args: [{}]\n\
+             contexts:\n- name: c\n  context:\n    cluster: c\n    user: plugin\ncurrent-context: c\n",
+            api.url(),
+            marker.display()
+        ),
+    )
+    .unwrap();
+    let exec_trace = dir.join("exec.trace");
+    let out = Command::new("ip")
+        .args(["netns", "exec", &node])
+        .args(strace_args(&exec_trace))
+        .arg(BIN)
+        .args(["run", "--source", "kube", "--kubeconfig"])
+        .arg(&refused)
+        .args(["--hostname-override", NODE, "--once"])
+        .output()
+        .expect("spawn kube-nlproxy");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("user \"plugin\" gets its credentials by running a program")
+            && stderr.contains("exec: /usr/bin/touch")
+            && stderr.contains("kube-nlproxy runs no program"),
+        "{stderr}"
+    );
+    assert!(!marker.exists(), "the credential plugin ran");
+    let trace = std::fs::read_to_string(&exec_trace).unwrap();
+    if let Err(e) = only_the_launch(&trace, Path::new(BIN)) {
+        panic!("exec kubeconfig: {e}\ntrace:\n{trace}\n{stderr}");
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -93,6 +93,21 @@ pub enum KubeSourceError {
         #[source]
         source: KubeconfigError,
     },
+    /// The kubeconfig would have the client run a program for credentials
+    /// (`exec:`, or an `auth-provider` with `cmd-path`): kube-nlproxy runs no
+    /// program, ever.
+    #[error(
+        "kubeconfig {path}: user {user:?} gets its credentials by running a program ({how}); \
+         kube-nlproxy runs no program: give it a token, tokenFile or client certificate"
+    )]
+    ExecCredential {
+        /// The file.
+        path: PathBuf,
+        /// The user entry.
+        user: String,
+        /// `exec: COMMAND` or `auth-provider cmd-path: COMMAND`.
+        how: String,
+    },
     /// `--master` is not a URL.
     #[error("--master {url:?} is not a valid URL: {source}")]
     MasterUrl {
@@ -133,6 +148,13 @@ pub async fn client(cfg: &KubeSourceConfig) -> Result<::kube::Client, KubeSource
                     path: path.clone(),
                     source,
                 })?;
+            if let Some((user, how)) = exec_credentials(&kubeconfig).into_iter().next() {
+                return Err(KubeSourceError::ExecCredential {
+                    path: path.clone(),
+                    user,
+                    how,
+                });
+            }
             let mut config =
                 Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
                     .await
@@ -154,6 +176,30 @@ pub async fn client(cfg: &KubeSourceConfig) -> Result<::kube::Client, KubeSource
         Some(limit) => builder.with_layer(&limit).build(),
         None => builder.build(),
     })
+}
+
+/// The users of `kubeconfig` whose credentials come from running a program
+/// (`exec:`, an `auth-provider` with `cmd-path`), with how. kube's client would
+/// run it; we refuse the file instead, whichever context is current.
+pub fn exec_credentials(kubeconfig: &Kubeconfig) -> Vec<(String, String)> {
+    kubeconfig
+        .auth_infos
+        .iter()
+        .filter_map(|named| {
+            let auth = named.auth_info.as_ref()?;
+            let how = if let Some(exec) = &auth.exec {
+                format!(
+                    "exec: {}",
+                    exec.command.as_deref().unwrap_or("(no command)")
+                )
+            } else {
+                let provider = auth.auth_provider.as_ref()?;
+                let cmd = provider.config.get("cmd-path")?;
+                format!("auth-provider {} cmd-path: {cmd}", provider.name)
+            };
+            Some((named.name.clone(), how))
+        })
+        .collect()
 }
 
 /// `(namespace, name)`; the namespace is empty for cluster-scoped kinds.
@@ -822,6 +868,28 @@ impl super::ObjectSource for KubeSource {
 mod tests {
     use super::*;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    #[test]
+    fn kubeconfig_users_that_run_programs_are_found() {
+        let k = Kubeconfig::from_yaml(
+            "apiVersion: v1\nkind: Config\nusers:\n\
+             - name: token\n  user:\n    tokenFile: /var/run/token\n\
+             - name: plugin\n  user:\n    exec:\n      apiVersion: client.authentication.k8s.io/v1\n      command: /usr/bin/aws\n\
+             - name: gcp\n  user:\n    auth-provider:\n      name: gcp\n      config:\n        cmd-path: /usr/bin/gcloud\n\
+             - name: oidc\n  user:\n    auth-provider:\n      name: oidc\n      config:\n        id-token: x\n",
+        )
+        .unwrap();
+        assert_eq!(
+            exec_credentials(&k),
+            [
+                ("plugin".to_string(), "exec: /usr/bin/aws".to_string()),
+                (
+                    "gcp".to_string(),
+                    "auth-provider gcp cmd-path: /usr/bin/gcloud".to_string()
+                ),
+            ]
+        );
+    }
 
     fn svc(name: &str, rv: &str, ip: &str) -> Service {
         let mut s = Service {
