@@ -658,3 +658,55 @@ fn upstream_gates(help: &str) -> Vec<String> {
         })
         .collect()
 }
+
+/// Every flag the README names is one `help` lists (cargo's own flags in its
+/// build lines aside), and every command it lists is one `help` knows.
+#[test]
+fn the_readme_names_only_flags_and_commands_help_lists() {
+    const CARGO: &[&str] = &["--bench", "--release", "--profile"];
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+        .expect("README.md");
+    let commands = ["run", "plan", "explain", "status", "cleanup"];
+    let mut help = String::from_utf8_lossy(&run(&["help"]).stdout).into_owned();
+    for c in commands {
+        let out = run(&["help", c]);
+        assert!(out.status.success(), "help {c}: {}", text(&out));
+        help += &String::from_utf8_lossy(&out.stdout);
+    }
+    let listed: std::collections::BTreeSet<&str> = help
+        .split(|c: char| c.is_whitespace() || c == ',' || c == '=')
+        .filter(|w| w.starts_with("--"))
+        .collect();
+    let re = regex::Regex::new(r"--[a-z][a-z0-9-]*").unwrap();
+    let mut missing = Vec::new();
+    for m in re.find_iter(&readme) {
+        let flag = m.as_str();
+        let known = if flag.ends_with('-') {
+            // A family: `--conntrack-*`.
+            listed.iter().any(|l| l.starts_with(flag))
+        } else {
+            listed.contains(flag) || CARGO.contains(&flag)
+        };
+        if !known && !missing.contains(&flag) {
+            missing.push(flag);
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "README names flags help does not list: {missing:?}"
+    );
+    // The command table's first words.
+    let table: Vec<&str> = readme
+        .lines()
+        .filter_map(|l| l.strip_prefix("kube-nlproxy "))
+        .filter_map(|l| l.split_whitespace().next())
+        .map(|w| w.trim_matches(|c| c == '[' || c == ']'))
+        .collect();
+    assert!(table.len() >= 5, "{table:?}");
+    for w in table {
+        assert!(
+            commands.contains(&w),
+            "README's command {w:?} is not one help knows"
+        );
+    }
+}
