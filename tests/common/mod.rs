@@ -19,6 +19,7 @@
 
 pub mod apiserver;
 pub mod cluster;
+pub mod kubelet;
 
 use std::fmt;
 use std::fs;
