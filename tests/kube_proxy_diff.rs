@@ -13,7 +13,11 @@
 //! other node and two clients outside the cluster (one of them outside some
 //! source ranges); the outcome of each flow (backends seen, sources seen,
 //! refused, dropped) must be equal. `KNP_DIFF_SEED` and `KNP_DIFF_STATES` choose
-//! the run (defaults: a fixed seed, 16 states).
+//! the run (defaults: a fixed seed, 16 states). The run must compare something:
+//! both proxies ready first, at least 200 flows (for 16 states), half of them
+//! served on both sides, and a flow is the same only when most of its looks
+//! agree. It ends with endpoint changes under traffic: once settled, no
+//! connection reaches a removed endpoint on either side.
 //!
 //! Known, accepted differences are listed in docs/differences-from-kube-proxy.md.
 mod common;
@@ -413,9 +417,12 @@ fn same_outcomes_as_kube_proxy_nftables() {
         ]);
     }
     let mut ours = Proxy::new(&t1, BIN).with_kube_source(&k.nlproxy_kubeconfig());
+    // `KNP_DIFF_OUR_CLUSTER_CIDR`: a wrong value on our side only, to see the
+    // comparison report divergences (a check of the test itself).
+    let our_cidr = std::env::var("KNP_DIFF_OUR_CLUSTER_CIDR").unwrap_or(CLUSTER_CIDR.into());
     ours.args = vec![
         "--cluster-cidr".into(),
-        CLUSTER_CIDR.into(),
+        our_cidr,
         "--detect-local-mode".into(),
         "ClusterCIDR".into(),
     ];
@@ -427,9 +434,33 @@ fn same_outcomes_as_kube_proxy_nftables() {
         None,
     );
 
+    // Both proxies ready before any flow: ours answers /healthz 200 only after
+    // its first sync; kube-proxy's /healthz is 200 before it, its last-sync
+    // timestamp is not.
+    let ready = Duration::from_secs(60);
+    assert!(
+        eventually(ready, || http_get(&t1.node, sa(NODE_V4, 10256), "/healthz")
+            .is_ok_and(|(code, _)| code == 200)),
+        "kube-nlproxy never became healthy; log:\n{}",
+        ours.log()
+    );
+    let kp_metrics: SocketAddr = "127.0.0.1:10249".parse().unwrap();
+    assert!(
+        eventually(ready, || http_get(&t2.node, kp_metrics, "/metrics")
+            .is_ok_and(|(_, text)| text.lines().any(|l| {
+                l.starts_with("kubeproxy_sync_proxy_rules_last_timestamp_seconds")
+                    && l.rsplit(' ').next().is_some_and(|v| v != "0")
+            }))),
+        "kube-proxy never synced; its log:\n{}",
+        upstream.log()
+    );
+
     let mut rng = Rng(seed);
     let mut diffs = Vec::new();
     let mut flows_run = 0;
+    // Flows whose requests reached a backend on both sides (health-check
+    // flows aside), of the flows compared.
+    let (mut reached_both, mut packet_flows) = (0, 0);
     for i in 0..states {
         let s = generate(&mut rng);
         eprintln!("state {i}: {s:?}");
@@ -478,10 +509,12 @@ fn same_outcomes_as_kube_proxy_nftables() {
                 // client (the reply bypasses node-a otherwise): chance, per side.
                 continue;
             }
-            // A divergence must persist over three looks (each side may still be
-            // syncing the state).
+            // Up to three looks (each side may still be syncing the state);
+            // the flow is the same only when most of them agree: two looks
+            // that agree, or two that differ, decide it.
+            let (mut agree, mut differ) = (0, 0);
             let mut last = None;
-            let same = (0..3).any(|_| {
+            while agree < 2 && differ < 2 {
                 let (mut o1, mut o2) = std::thread::scope(|sc| {
                     let h1 = sc.spawn(|| f1.run(s.affinity));
                     let h2 = sc.spawn(|| f2.run(s.affinity));
@@ -495,14 +528,22 @@ fn same_outcomes_as_kube_proxy_nftables() {
                         o.sources = BTreeSet::new();
                     }
                 }
-                let same = o1 == o2;
-                if !same {
+                if o1 == o2 {
+                    agree += 1;
+                } else {
+                    differ += 1;
                     std::thread::sleep(Duration::from_secs(2));
                 }
                 last = Some((o1, o2));
-                same
-            });
+            }
+            let same = agree >= 2;
             let (o1, o2) = last.unwrap();
+            if !f1.http {
+                packet_flows += 1;
+                if !o1.backends.is_empty() && !o2.backends.is_empty() {
+                    reached_both += 1;
+                }
+            }
             flows_run += 1;
             if same {
                 eprintln!("  same  {name}: {o1:?}");
@@ -514,10 +555,23 @@ fn same_outcomes_as_kube_proxy_nftables() {
             }
         }
     }
+    // Transitions under traffic, then what each side serves once settled.
+    let transition = transitions_under_traffic(&k, [&t1, &t2]);
     eprintln!(
-        "{states} states, {flows_run} flows, {} divergence(s) in {:?}",
+        "{states} states, {flows_run} flows ({reached_both} of {packet_flows} packet flows \
+         reached a backend on both sides), {} divergence(s) in {:?}; {transition}",
         diffs.len(),
         started.elapsed()
+    );
+    // The comparison compared something: enough flows, most of them served.
+    let min_flows = 200 * states / 16;
+    assert!(
+        flows_run >= min_flows,
+        "only {flows_run} flows compared (at least {min_flows} for {states} states)"
+    );
+    assert!(
+        2 * reached_both >= packet_flows,
+        "only {reached_both} of {packet_flows} flows reached a backend on both sides"
     );
     assert!(
         diffs.is_empty(),
@@ -631,4 +685,107 @@ fn apply_state(k: &RealCluster, t: &Topo, s: &State, i: usize) {
             k.kubectl(&["delete", "pod", name, "--grace-period=600", "--wait=false"]);
         }
     }
+}
+
+/// A ClusterIP Service served by a, b and c; clients on both topologies open
+/// TCP connections continuously while b turns NotReady and c is deleted. Once
+/// both proxies have settled, no connection may reach b or c, on either side.
+/// Returns what the clients saw, for the log.
+fn transitions_under_traffic(k: &RealCluster, topos: [&Topo; 2]) -> String {
+    let s = State {
+        kind: "ClusterIP",
+        families: &["IPv4"],
+        external_ip: false,
+        ip_mode_proxy: false,
+        source_ranges: &[],
+        etp: "Cluster",
+        itp: "Cluster",
+        affinity: false,
+        prefer_close: false,
+        target: 8080,
+        pods: BACKENDS.iter().map(|p| (*p, Cond::Ready)).collect(),
+    };
+    apply_state(k, topos[0], &s, 99);
+    let svc: Value =
+        serde_json::from_str(&k.kubectl(&["get", "service", "web", "-o", "json"])).unwrap();
+    let vip = SocketAddr::new(
+        ip(svc["spec"]["clusterIP"].as_str().expect("clusterIP")),
+        80,
+    );
+    let serves_all = |t: &Topo| {
+        let seen: BTreeSet<String> = (0..30)
+            .filter_map(|_| tcp(&t.pod("client").ns, vip, SHORT).ok().map(|r| r.pod))
+            .collect();
+        seen.len() == 3
+    };
+    for t in topos {
+        assert!(
+            eventually(Duration::from_secs(20), || serves_all(t)),
+            "{vip} is not served by a, b and c"
+        );
+    }
+    // Traffic on both sides while the endpoints change.
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let settle_at = std::sync::Mutex::new(None::<Instant>);
+    let report = std::thread::scope(|sc| {
+        let clients: Vec<_> = topos
+            .iter()
+            .map(|t| {
+                let (stop, settle_at) = (&stop, &settle_at);
+                let ns = t.pod("client").ns.clone();
+                sc.spawn(move || {
+                    let (mut ok, mut failed, mut gone_after_settle) = (0, 0, Vec::new());
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        let settled = settle_at
+                            .lock()
+                            .unwrap()
+                            .is_some_and(|at| Instant::now() >= at);
+                        match tcp(&ns, vip, SHORT) {
+                            Ok(r) => {
+                                ok += 1;
+                                if settled && r.pod != "a" {
+                                    gone_after_settle.push(r.pod);
+                                }
+                            }
+                            Err(_) => failed += 1,
+                        }
+                    }
+                    (ok, failed, gone_after_settle)
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_secs(1));
+        k.kubectl(&[
+            "patch",
+            "pod",
+            "b",
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            r#"{"status":{"conditions":[{"type":"Ready","status":"False"}]}}"#,
+        ]);
+        k.kubectl(&["delete", "pod", "c", "--grace-period=0", "--force"]);
+        // Both proxies' min-sync periods and the EndpointSlice round trip.
+        *settle_at.lock().unwrap() = Some(Instant::now() + Duration::from_secs(4));
+        std::thread::sleep(Duration::from_secs(7));
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        clients
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .collect::<Vec<_>>()
+    });
+    for (side, (_, _, gone)) in ["kube-nlproxy", "kube-proxy"].iter().zip(&report) {
+        assert!(
+            gone.is_empty(),
+            "{side}: connections reached removed endpoints after settling: {gone:?}"
+        );
+    }
+    report
+        .iter()
+        .zip(["kube-nlproxy", "kube-proxy"])
+        .map(|((ok, failed, _), side)| {
+            format!("transition: {side} {ok} connections answered, {failed} failed")
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
