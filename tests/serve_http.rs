@@ -199,14 +199,16 @@ async fn healthz_and_livez_across_the_state_machine() {
     let metrics = Arc::new(Metrics::new());
     let addr = start_health(health.clone(), metrics.clone()).await;
 
-    // Fresh start, sync loop not yet running.
+    // Fresh start, no sync yet: /healthz 503 until the first sync (a rollout
+    // waits for the node to be programmed), /livez 200 from the first second.
     let r = get(addr, "/healthz").await;
     assert_eq!(
         r,
-        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Content-Type-Options: nosniff\r\n\
-         Connection: close\r\nDate: Wed, 01 May 2024 10:00:00 GMT\r\nContent-Length: 110\r\n\r\n\
-         {\"lastUpdated\":\"2024-05-01T10:00:00Z\",\"currentTime\":\"2024-05-01T10:00:00Z\",\"nodeEligible\":true,\"healthy\":true}"
+        "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nX-Content-Type-Options: nosniff\r\n\
+         Connection: close\r\nDate: Wed, 01 May 2024 10:00:00 GMT\r\nContent-Length: 111\r\n\r\n\
+         {\"lastUpdated\":\"0001-01-01T00:00:00Z\",\"currentTime\":\"2024-05-01T10:00:00Z\",\"nodeEligible\":true,\"healthy\":false}"
     );
+    assert_eq!(status(&get(addr, "/livez").await), 200);
 
     // Sync loop starts, a change is queued and not synced for 2 x syncPeriod.
     health.updated();
@@ -260,13 +262,13 @@ async fn healthz_and_livez_across_the_state_machine() {
     assert_eq!(status(&r), 404);
     assert_eq!(body(&r), "404 page not found\n");
 
-    // Probes were counted: healthz 200 x3 (start, 59.5 s, eligible again), 503 x4;
-    // livez 503 x1, 200 x4.
+    // Probes were counted: healthz 200 x2 (59.5 s, eligible again), 503 x5
+    // (start, stale, three ineligible nodes); livez 503 x1, 200 x5.
     let text = metrics.render();
     for line in [
-        "kubeproxy_proxy_healthz_total{code=\"200\"} 3",
-        "kubeproxy_proxy_healthz_total{code=\"503\"} 4",
-        "kubeproxy_proxy_livez_total{code=\"200\"} 4",
+        "kubeproxy_proxy_healthz_total{code=\"200\"} 2",
+        "kubeproxy_proxy_healthz_total{code=\"503\"} 5",
+        "kubeproxy_proxy_livez_total{code=\"200\"} 5",
         "kubeproxy_proxy_livez_total{code=\"503\"} 1",
     ] {
         assert!(text.lines().any(|l| l == line), "missing {line}\n{text}");
