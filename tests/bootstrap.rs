@@ -17,7 +17,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::cluster::RealCluster;
+use common::cluster::{RealCluster, kubernetes_livez};
 use common::*;
 
 const BIN: &str = env!("CARGO_BIN_EXE_kube-nlproxy");
@@ -59,28 +59,6 @@ fn kubernetes_cluster_ip(k: &RealCluster) -> String {
     .to_string()
 }
 
-/// An HTTPS request from the node namespace to the `kubernetes` Service's
-/// ClusterIP: the HTTP status the API server answered, or `None` when nothing
-/// answered (curl's `000`).
-fn via_cluster_ip(node_ns: &str, cluster_ip: &str) -> Option<u16> {
-    let out = nsexec(
-        node_ns,
-        &[
-            "curl",
-            "-sk",
-            "-o",
-            "/dev/null",
-            "-w",
-            "%{http_code}",
-            "--max-time",
-            "2",
-            &format!("https://{cluster_ip}:443/livez"),
-        ],
-    );
-    let code: u16 = String::from_utf8_lossy(&out.stdout).trim().parse().ok()?;
-    (code != 0).then_some(code)
-}
-
 fn health(node_ns: &str, path: &str) -> Option<u16> {
     let addr: SocketAddr = "127.0.0.1:10256".parse().unwrap();
     http_get(node_ns, addr, path).ok().map(|(code, _)| code)
@@ -114,7 +92,7 @@ fn api_server_down_at_start_then_up_programs_the_node_without_a_restart() {
     k.start(&[]);
     let up = Instant::now();
     assert!(
-        eventually(PROGRAMMED, || via_cluster_ip(&t.node, &cluster_ip)
+        eventually(PROGRAMMED, || kubernetes_livez(&t.node, &cluster_ip)
             .is_some()),
         "the kubernetes Service is not programmed {PROGRAMMED:?} after the API server \
          came up; log:\n{}\n{}",
@@ -142,7 +120,7 @@ fn deploy_kubeconfig_reaches_the_api_at_its_endpoint_and_programs_the_kubernetes
     let (k, t) = cluster();
     let cluster_ip = kubernetes_cluster_ip(&k);
     // Nothing leads to the ClusterIP before a proxy programs it.
-    assert_eq!(via_cluster_ip(&t.node, &cluster_ip), None);
+    assert_eq!(kubernetes_livez(&t.node, &cluster_ip), None);
 
     // deploy/'s kubeconfig.conf, with its one value to set (the endpoint) set, and
     // the ServiceAccount's files where this test keeps them instead of the pod's
@@ -174,12 +152,12 @@ fn deploy_kubeconfig_reaches_the_api_at_its_endpoint_and_programs_the_kubernetes
     let mut proxy = Proxy::new(&t, BIN).with_kube_source(&path);
     proxy.start();
     assert!(
-        eventually(PROGRAMMED, || via_cluster_ip(&t.node, &cluster_ip)
+        eventually(PROGRAMMED, || kubernetes_livez(&t.node, &cluster_ip)
             .is_some()),
         "the kubernetes Service is not programmed; log:\n{}",
         proxy.log()
     );
-    let code = via_cluster_ip(&t.node, &cluster_ip).unwrap();
+    let code = kubernetes_livez(&t.node, &cluster_ip).unwrap();
     println!("https://{cluster_ip}:443/livez through our rules: HTTP {code}");
     assert!(proxy.running());
 }

@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::cluster::RealCluster;
+use common::cluster::{RealCluster, kubernetes_livez};
 use common::kubelet::{self, Image, KubeletNode, PAUSE_IMAGE};
 use common::*;
 
@@ -167,27 +167,6 @@ fn diagnostics(k: &RealCluster, node: &KubeletNode) -> String {
 /// A connection from the external client answered by one of the backends.
 fn answered(t: &Topo, dst: SocketAddr) -> bool {
     matches!(tcp(&t.ext, dst, OK_TIMEOUT), Ok(r) if r.pod.starts_with("web"))
-}
-
-/// An HTTPS request from the node to the `kubernetes` Service's ClusterIP:
-/// whether anything answered.
-fn kubernetes_answers(node_ns: &str, cluster_ip: &str) -> bool {
-    let out = nsexec(
-        node_ns,
-        &[
-            "curl",
-            "-sk",
-            "-o",
-            "/dev/null",
-            "-w",
-            "%{http_code}",
-            "--max-time",
-            "2",
-            &format!("https://{cluster_ip}:443/livez"),
-        ],
-    );
-    let code = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    !code.is_empty() && code != "000"
 }
 
 #[test]
@@ -400,7 +379,7 @@ fn daemonset_runs_under_a_real_kubelet_rolls_out_and_survives_a_reboot() {
         ])
         .trim()
         .to_string();
-    assert!(kubernetes_answers(&t.node, &kubernetes_ip));
+    assert!(kubernetes_livez(&t.node, &kubernetes_ip).is_some());
     node.kill_kubelet();
     node.kill_containers();
     for family in ["ip", "ip6"] {
@@ -408,14 +387,14 @@ fn daemonset_runs_under_a_real_kubelet_rolls_out_and_survives_a_reboot() {
     }
     assert_eq!(nft_table(&t.node, "ip", "kube-nlproxy"), None);
     assert!(
-        !kubernetes_answers(&t.node, &kubernetes_ip),
+        !kubernetes_livez(&t.node, &kubernetes_ip).is_some(),
         "the kubernetes ClusterIP answers with nothing programmed"
     );
     assert!(!answered(&t, vip));
     let boot = Instant::now();
     node.start_kubelet(&components);
     let programmed = eventually(READY, || {
-        kubernetes_answers(&t.node, &kubernetes_ip) && answered(&t, vip)
+        kubernetes_livez(&t.node, &kubernetes_ip).is_some() && answered(&t, vip)
     });
     assert!(
         programmed,

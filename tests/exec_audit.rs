@@ -120,6 +120,29 @@ fn traced_child(strace_pid: u32) -> Option<u32> {
     children.split_whitespace().next()?.parse().ok()
 }
 
+/// SIGTERM to the daemon that `p` runs under strace (to the daemon itself:
+/// strace blocks it when sent to a command it runs), then its trace, which
+/// must hold only the launch. Returns the daemon's pid and the trace.
+fn sigterm_traced(p: &mut Proxy, trace_file: &Path, what: &str) -> (u32, String) {
+    let strace_pid = p.pid().expect("running");
+    let daemon = traced_child(strace_pid).expect("strace's child");
+    // SAFETY: kill(2) on a pid this test started; no memory is involved.
+    assert_eq!(
+        unsafe { libc::kill(daemon as libc::pid_t, libc::SIGTERM) },
+        0
+    );
+    assert!(
+        eventually(WAIT, || !p.running()),
+        "strace did not end after SIGTERM; log:\n{}",
+        p.log()
+    );
+    let trace = std::fs::read_to_string(trace_file).unwrap();
+    if let Err(e) = only_the_launch(&trace, Path::new(BIN)) {
+        panic!("{what}: {e}\ntrace:\n{trace}\nlog:\n{}", p.log());
+    }
+    (daemon, trace)
+}
+
 fn strace_args(out: &Path) -> Vec<String> {
     [
         "strace",
@@ -171,23 +194,7 @@ fn the_daemon_and_cleanup_never_exec() {
         "/metrics: {metrics:?}"
     );
 
-    // SIGTERM to the daemon itself (strace blocks it when running a command).
-    let strace_pid = p.pid().expect("running");
-    let daemon = traced_child(strace_pid).expect("strace's child");
-    // SAFETY: kill(2) on a pid this test started; no memory is involved.
-    assert_eq!(
-        unsafe { libc::kill(daemon as libc::pid_t, libc::SIGTERM) },
-        0
-    );
-    assert!(
-        eventually(WAIT, || !p.running()),
-        "strace did not end after SIGTERM; log:\n{}",
-        p.log()
-    );
-    let trace = std::fs::read_to_string(&run_trace).unwrap();
-    if let Err(e) = only_the_launch(&trace, Path::new(BIN)) {
-        panic!("run: {e}\ntrace:\n{trace}\nlog:\n{}", p.log());
-    }
+    let (daemon, trace) = sigterm_traced(&mut p, &run_trace, "run");
     assert_eq!(
         exit_of(&trace, daemon),
         Some("exited with 0 +++"),
@@ -263,22 +270,7 @@ fn the_kube_source_never_execs_and_a_kubeconfig_that_would_is_refused() {
     let [_, moved] = web_objects(&t, "b2");
     api.update(moved);
     answered_by(&p, &client, "b2");
-    let strace_pid = p.pid().expect("running");
-    let daemon = traced_child(strace_pid).expect("strace's child");
-    // SAFETY: kill(2) on a pid this test started; no memory is involved.
-    assert_eq!(
-        unsafe { libc::kill(daemon as libc::pid_t, libc::SIGTERM) },
-        0
-    );
-    assert!(
-        eventually(WAIT, || !p.running()),
-        "strace did not end after SIGTERM; log:\n{}",
-        p.log()
-    );
-    let trace = std::fs::read_to_string(&run_trace).unwrap();
-    if let Err(e) = only_the_launch(&trace, Path::new(BIN)) {
-        panic!("kube source: {e}\ntrace:\n{trace}\nlog:\n{}", p.log());
-    }
+    sigterm_traced(&mut p, &run_trace, "kube source");
 
     // A kubeconfig whose user gets credentials from a program: refused at
     // start with the reason, and the program never runs.

@@ -401,3 +401,25 @@ impl Drop for RealKubeProxy {
         }
     }
 }
+
+/// An HTTPS request from the node namespace to the `kubernetes` Service's
+/// ClusterIP: the HTTP status the API server answered, or `None` when nothing
+/// answered (curl's `000`).
+pub fn kubernetes_livez(node_ns: &str, cluster_ip: &str) -> Option<u16> {
+    let out = super::nsexec(
+        node_ns,
+        &[
+            "curl",
+            "-sk",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "--max-time",
+            "2",
+            &format!("https://{cluster_ip}:443/livez"),
+        ],
+    );
+    let code: u16 = String::from_utf8_lossy(&out.stdout).trim().parse().ok()?;
+    (code != 0).then_some(code)
+}
