@@ -387,7 +387,7 @@ fn daemonset_runs_under_a_real_kubelet_rolls_out_and_survives_a_reboot() {
     }
     assert_eq!(nft_table(&t.node, "ip", "kube-nlproxy"), None);
     assert!(
-        !kubernetes_livez(&t.node, &kubernetes_ip).is_some(),
+        kubernetes_livez(&t.node, &kubernetes_ip).is_none(),
         "the kubernetes ClusterIP answers with nothing programmed"
     );
     assert!(!answered(&t, vip));
