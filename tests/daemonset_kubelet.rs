@@ -5,7 +5,9 @@
 //! ENTRYPOINT) around scripts/test's static musl build (`KNP_IMAGE_BIN`), imported
 //! without a registry. Checks:
 //! - the pod starts and becomes Ready (the kubelet's readiness probe, /healthz on
-//!   10256), and a ClusterIP and a NodePort lead to the backends;
+//!   10256); the kubelet's readiness and liveness (/livez) probes are answered,
+//!   as the daemon's probe counters show; a ClusterIP and a NodePort lead to the
+//!   backends;
 //! - a rollout to a new image tag fails no connection;
 //! - a node reboot (kubelet and containers killed, our nft table flushed): the
 //!   restarted pod reaches the API at deploy/'s control-plane endpoint (the
@@ -286,6 +288,24 @@ fn daemonset_runs_under_a_real_kubelet_rolls_out_and_survives_a_reboot() {
     let health = sa(NODE_V4, 10256);
     assert_eq!(http_get(&t.node, health, "/healthz").map(|r| r.0), Ok(200));
     assert_eq!(http_get(&t.node, health, "/livez").map(|r| r.0), Ok(200));
+    // The kubelet's own probes reach our endpoints: the daemon counts every
+    // answer (kube-proxy's probe counters), beyond the one GET of each above.
+    let probes = |path: &str| -> u64 {
+        let metrics = sa(ip("127.0.0.1"), 10249);
+        let text = http_get(&t.node, metrics, "/metrics").map_or(String::new(), |r| r.1);
+        let name = format!("kubeproxy_proxy_{path}_total{{code=\"200\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&name))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    assert!(
+        eventually(Duration::from_secs(40), || probes("livez") >= 2
+            && probes("healthz") >= 2),
+        "the kubelet's probes did not reach /livez and /healthz: livez {}, healthz {}",
+        probes("livez"),
+        probes("healthz")
+    );
     assert!(
         eventually(Duration::from_secs(30), || answered(&t, vip)),
         "ClusterIP {vip} does not reach the backends:\n{}",
