@@ -53,11 +53,12 @@ impl TokenBucket {
         let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
         self.tokens = (self.tokens + elapsed * self.qps).min(self.burst);
         self.at = now;
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
+        if self.tokens >= 1.0 || self.qps <= 0.0 || self.qps.is_nan() {
+            self.tokens = (self.tokens - 1.0).max(0.0);
             Ok(())
         } else {
-            Err(Duration::from_secs_f64((1.0 - self.tokens) / self.qps))
+            Err(Duration::try_from_secs_f64((1.0 - self.tokens) / self.qps)
+                .unwrap_or(Duration::MAX))
         }
     }
 }

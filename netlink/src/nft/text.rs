@@ -212,6 +212,9 @@ fn value(kind: Kind, data: &[u8]) -> String {
 
 /// A network prefix length, when `mask` is one (leading ones, then zeros).
 fn prefix_len(mask: &[u8]) -> Option<u32> {
+    if mask.len() > 16 {
+        return None;
+    }
     // Summed per byte, then checked against the mask of that many leading
     // ones: any other pattern is not a prefix.
     let ones: u32 = mask.iter().map(|b| b.leading_ones()).sum();
@@ -712,5 +715,7 @@ mod tests {
         assert_eq!(prefix_len(&[0, 0, 0, 0]), Some(0));
         assert_eq!(prefix_len(&[255, 0, 255, 0]), None);
         assert_eq!(prefix_len(&[255; 4]), None);
+        assert_eq!(prefix_len(&[255; 20]), None);
+        assert_eq!(prefix_len(&[0; 20]), None);
     }
 }
