@@ -415,7 +415,7 @@ fn ipvs_timeouts_and_affinity() {
     let mut c = Checks::default();
     c.run("the daemon read the timeouts back (GET_CONFIG)", || {
         assert!(
-            log.contains("IPVS connection timeouts set tcp=600 tcp_fin=7 udp=2"),
+            log.contains("\"IPVS connection timeouts set\" tcp=600 tcp_fin=7 udp=2"),
             "{log}"
         );
     });
