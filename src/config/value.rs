@@ -108,31 +108,8 @@ pub fn parse_go_bool(s: &str) -> Option<bool> {
     }
 }
 
-/// Go's `%q` for a string: double quotes, backslash escapes.
-pub fn go_quote(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if c.is_control() => {
-                let n = c as u32;
-                if n < 0x100 {
-                    out.push_str(&format!("\\x{n:02x}"));
-                } else {
-                    out.push_str(&format!("\\u{n:04x}"));
-                }
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
-}
+/// Go's `%q` for a string (one implementation, shared with the servers' JSON).
+pub use crate::serve::format::go_quote;
 
 /// What is wrong with a field (`field.ErrorType`).
 #[derive(Debug, Clone, PartialEq, Eq)]
