@@ -44,21 +44,6 @@ fn cluster() -> (RealCluster, Topo) {
     (k, t)
 }
 
-/// The `kubernetes` Service's ClusterIP.
-fn kubernetes_cluster_ip(k: &RealCluster) -> String {
-    k.kubectl(&[
-        "get",
-        "service",
-        "kubernetes",
-        "-n",
-        "default",
-        "-o",
-        "jsonpath={.spec.clusterIP}",
-    ])
-    .trim()
-    .to_string()
-}
-
 fn health(node_ns: &str, path: &str) -> Option<u16> {
     let addr: SocketAddr = "127.0.0.1:10256".parse().unwrap();
     http_get(node_ns, addr, path).ok().map(|(code, _)| code)
@@ -68,7 +53,7 @@ fn health(node_ns: &str, path: &str) -> Option<u16> {
 fn api_server_down_at_start_then_up_programs_the_node_without_a_restart() {
     let _serial = serial();
     let (k, t) = cluster();
-    let cluster_ip = kubernetes_cluster_ip(&k);
+    let cluster_ip = k.kubernetes_cluster_ip();
     k.stop("kube-apiserver");
     let mut proxy = Proxy::new(&t, BIN).with_kube_source(&k.nlproxy_kubeconfig());
     let started = Instant::now();
@@ -118,7 +103,7 @@ fn api_server_down_at_start_then_up_programs_the_node_without_a_restart() {
 fn deploy_kubeconfig_reaches_the_api_at_its_endpoint_and_programs_the_kubernetes_service() {
     let _serial = serial();
     let (k, t) = cluster();
-    let cluster_ip = kubernetes_cluster_ip(&k);
+    let cluster_ip = k.kubernetes_cluster_ip();
     // Nothing leads to the ClusterIP before a proxy programs it.
     assert_eq!(kubernetes_livez(&t.node, &cluster_ip), None);
 

@@ -387,18 +387,7 @@ fn daemonset_runs_under_a_real_kubelet_rolls_out_and_survives_a_reboot() {
     assert_eq!(restarts(&pod), 0, "the liveness probe restarted it: {pod}");
 
     // (c) Reboot: the kubelet and every container die, the node's state is gone.
-    let kubernetes_ip = k
-        .kubectl(&[
-            "get",
-            "service",
-            "kubernetes",
-            "-n",
-            "default",
-            "-o",
-            "jsonpath={.spec.clusterIP}",
-        ])
-        .trim()
-        .to_string();
+    let kubernetes_ip = k.kubernetes_cluster_ip();
     assert!(kubernetes_livez(&t.node, &kubernetes_ip).is_some());
     node.kill_kubelet();
     node.kill_containers();

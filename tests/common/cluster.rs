@@ -130,6 +130,21 @@ impl RealCluster {
         child.wait_with_output().unwrap()
     }
 
+    /// The `kubernetes` Service's ClusterIP.
+    pub fn kubernetes_cluster_ip(&self) -> String {
+        self.kubectl(&[
+            "get",
+            "service",
+            "kubernetes",
+            "-n",
+            "default",
+            "-o",
+            "jsonpath={.spec.clusterIP}",
+        ])
+        .trim()
+        .to_string()
+    }
+
     /// `kubectl ARGS` as admin; panics when it fails; its stdout.
     #[track_caller]
     pub fn kubectl(&self, args: &[&str]) -> String {
