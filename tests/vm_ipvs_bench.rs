@@ -6,7 +6,9 @@
 //! `ipvs_bench_10k` is ignored, run it with
 //! `KNP_VM_CARGO_PROFILE=release KNP_VM_TIMEOUT=1200 vm-tests/run-tests vm_ipvs_bench -- --ignored --nocapture`.
 
+mod common;
 use std::io::Write as _;
+
 use std::net::{IpAddr, Ipv4Addr};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -22,15 +24,8 @@ use kube_nlproxy::sync::ipvs::NetlinkIpvs;
 
 const ENDPOINTS: usize = 10;
 
-fn skip() -> bool {
-    if std::env::var_os("KNP_VM").is_some() {
-        return false;
-    }
-    let _ = writeln!(
-        std::io::stderr(),
-        "vm_ipvs_bench: SKIPPED (passes without testing): needs IPVS, run it with vm-tests/run-tests vm_ipvs_bench"
-    );
-    true
+fn skip(test: &str) -> bool {
+    common::skip_outside_vm("vm_ipvs_bench", test)
 }
 
 fn name(i: usize) -> ServicePortName {
@@ -191,7 +186,7 @@ fn bench(n: usize) {
 
 #[test]
 fn ipvs_bench_1k() {
-    if skip() {
+    if skip("ipvs_bench_1k") {
         return;
     }
     bench(1_000);
@@ -200,7 +195,7 @@ fn ipvs_bench_1k() {
 #[test]
 #[ignore = "minutes under TCG; run by hand, see the module docs"]
 fn ipvs_bench_10k() {
-    if skip() {
+    if skip("ipvs_bench_10k") {
         return;
     }
     bench(10_000);

@@ -4,7 +4,8 @@
 //! destination we would send for the same command; our NEW_SERVICE is byte for byte
 //! ipvsadm's, our NEW_DEST carries the same attributes. Skips on a host without IPVS (`KNP_VM` unset).
 
-use std::io::Write as _;
+mod common;
+
 use std::net::IpAddr;
 use std::process::Command;
 
@@ -14,15 +15,8 @@ use kube_nlproxy_netlink::ipvs::{
 };
 use netlink_packet_core::{Emitable, Parseable};
 
-fn skip_on_host() -> bool {
-    if std::env::var_os("KNP_VM").is_none() {
-        let _ = writeln!(
-            std::io::stderr(),
-            "vm_ipvs_golden: SKIPPED (passes without testing): needs IPVS and strace, run it with vm-tests/run-tests"
-        );
-        return true;
-    }
-    false
+fn skip_on_host(test: &str) -> bool {
+    common::skip_outside_vm("vm_ipvs_golden", test)
 }
 
 /// The netlink messages written by `ipvsadm ARGS`, from strace's hex dumps.
@@ -74,7 +68,7 @@ fn emit(m: &IpvsMessage) -> Vec<u8> {
 
 #[test]
 fn ipvsadm_bytes_parse_into_what_we_send() {
-    if skip_on_host() {
+    if skip_on_host("ipvsadm_bytes_parse_into_what_we_send") {
         return;
     }
     std::thread::spawn(|| {
@@ -197,7 +191,7 @@ fn dest_attrs(m: &IpvsMessage) -> Vec<String> {
 #[test]
 fn pipelined_requests_each_get_their_own_answer() {
     use kube_nlproxy_netlink::ipvs::{IpvsError, IpvsRequest};
-    if skip_on_host() {
+    if skip_on_host("pipelined_requests_each_get_their_own_answer") {
         return;
     }
     let ipvs = IpvsHandle::new().expect("IPVS in the VM");
@@ -240,7 +234,7 @@ fn pipelined_requests_each_get_their_own_answer() {
 #[test]
 fn set_config_is_ipvsadms_and_get_config_reads_it_back() {
     use kube_nlproxy_netlink::ipvs::{IpvsTimeouts, parse_timeouts};
-    if skip_on_host() {
+    if skip_on_host("set_config_is_ipvsadms_and_get_config_reads_it_back") {
         return;
     }
     std::thread::spawn(|| {

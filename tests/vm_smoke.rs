@@ -45,14 +45,12 @@ fn skip_reason() -> Option<String> {
 }
 
 macro_rules! vm_only {
-    () => {
+    ($test:expr) => {
         if let Some(why) = skip_reason() {
-            // straight to fd 2: libtest captures eprintln! of passing tests
+            // straight to fd 2 (libtest captures eprintln! of passing tests), in the
+            // form scripts/test counts
             use std::io::Write;
-            let _ = writeln!(
-                std::io::stderr(),
-                "vm_smoke: SKIPPED (passes without testing): {why}"
-            );
+            let _ = writeln!(std::io::stderr(), "SKIPPED vm_smoke::{}: {why}", $test);
             return;
         }
     };
@@ -68,7 +66,7 @@ fn kube_nlproxy_bin() -> PathBuf {
 
 #[test]
 fn ipvs_on_dummy_interface() {
-    vm_only!();
+    vm_only!("ipvs_on_dummy_interface");
     assert!(
         Path::new("/proc/net/ip_vs").exists(),
         "ip_vs not loaded in the guest"
@@ -122,7 +120,7 @@ fn ipvs_on_dummy_interface() {
 
 #[test]
 fn ipset_types() {
-    vm_only!();
+    vm_only!("ipset_types");
     run("ipset", &["create", "KUBE-CLUSTER-IP", "hash:ip,port"]);
     run("ipset", &["add", "KUBE-CLUSTER-IP", "10.96.0.10,tcp:80"]);
     run("ipset", &["create", "KUBE-LOOP-BACK", "hash:ip,port,ip"]);
@@ -158,7 +156,7 @@ fn ipset_types() {
 
 #[test]
 fn nftables_and_conntrack() {
-    vm_only!();
+    vm_only!("nftables_and_conntrack");
     run("nft", &["list", "ruleset"]);
     // expressions the nftables mode uses, autoloaded: nat, numgen, fib, ct, masquerade, reject
     let script = "table ip knp-smoke {
@@ -204,7 +202,7 @@ fn nftables_and_conntrack() {
 
 #[test]
 fn namespace_and_veth() {
-    vm_only!();
+    vm_only!("namespace_and_veth");
     run("ip", &["netns", "add", "knp-smoke"]);
     run(
         "ip",
@@ -261,7 +259,7 @@ fn namespace_and_veth() {
 
 #[test]
 fn kube_nlproxy_binary_runs_in_guest() {
-    vm_only!();
+    vm_only!("kube_nlproxy_binary_runs_in_guest");
     let bin = kube_nlproxy_bin();
     assert!(bin.exists(), "{} missing in the guest", bin.display());
     let out = Command::new(&bin)

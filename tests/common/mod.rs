@@ -65,16 +65,28 @@ pub fn proxy_bin() -> PathBuf {
         .expect("KUBE_NLPROXY_BIN is unset and this is not a cargo test build")
 }
 
-/// `true` (after saying so on stderr) when the VM-only test `binary::test` runs
-/// outside the test VM (`KNP_VM` unset).
+/// Whether this runs inside the test VM (`vm-tests/run-tests` sets `KNP_VM`):
+/// there every test runs, and nothing may skip for want of a kernel feature.
+pub fn in_vm() -> bool {
+    std::env::var_os("KNP_VM").is_some()
+}
+
+/// Says on stderr that `test` (`binary::test`) passes without testing, and why.
+/// The line is written past libtest's output capture, so it shows in every run,
+/// and starts `SKIPPED ` so `scripts/test` and `vm-tests/run-tests` count it.
+pub fn skipped(test: &str, why: &str) {
+    let _ = writeln!(io::stderr(), "SKIPPED {test}: {why}");
+}
+
+/// `true` (after saying so with [`skipped`]) when the VM-only test
+/// `binary::test` runs outside the test VM (`KNP_VM` unset).
 pub fn skip_outside_vm(binary: &str, test: &str) -> bool {
-    if std::env::var_os("KNP_VM").is_some() {
+    if in_vm() {
         return false;
     }
-    let _ = writeln!(
-        io::stderr(),
-        "{binary}::{test}: SKIPPED (passes without testing): not inside the test VM \
-         (KNP_VM unset); run vm-tests/run-tests {binary}"
+    skipped(
+        &format!("{binary}::{test}"),
+        &format!("not inside the test VM (KNP_VM unset); run vm-tests/run-tests {binary}"),
     );
     true
 }
