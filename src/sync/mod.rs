@@ -144,6 +144,12 @@ impl NetlinkDataplane {
     pub fn socket(&self) -> &NftSocket {
         &self.socket
     }
+
+    /// The socket, mutably: tests make the kernel fail through it
+    /// ([`NftSocket::inject_fault`]) under a real syncer.
+    pub fn socket_mut(&mut self) -> &mut NftSocket {
+        &mut self.socket
+    }
 }
 
 impl Dataplane for NetlinkDataplane {

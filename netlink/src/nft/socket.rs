@@ -389,6 +389,15 @@ pub enum InjectedFault {
     /// `EBUSY`, …) and nothing of it is sent, as the kernel applies nothing of
     /// a rejected batch.
     Batch(i32),
+    /// The next `pass` batches go to the kernel as usual; the one after them
+    /// is rejected with `errno` as [`Batch`](Self::Batch) is. Fails a sync
+    /// that sends several transactions (a cold start) in its middle.
+    BatchAfter {
+        /// Batches let through first.
+        pass: u32,
+        /// The errno of the rejected batch.
+        errno: i32,
+    },
     /// The next dump or get request fails with this errno.
     Dump(i32),
     /// The next dump is interrupted by a concurrent ruleset change
@@ -397,6 +406,16 @@ pub enum InjectedFault {
     /// The next dump overruns the receive buffer (`ENOBUFS`): the buffer is
     /// doubled and the dump retried.
     RecvOverrun,
+}
+
+impl InjectedFault {
+    /// Whether the fault is played on a batch (else on a dump or get request).
+    fn is_batch(&self) -> bool {
+        matches!(
+            self,
+            InjectedFault::Batch(_) | InjectedFault::BatchAfter { .. }
+        )
+    }
 }
 
 impl fmt::Debug for NftSocket {
@@ -618,6 +637,25 @@ impl NftSocket {
         self.faults.remove(i)
     }
 
+    /// The errno the next batch is rejected with, if a queued fault says so
+    /// (a [`InjectedFault::BatchAfter`] still letting batches through counts
+    /// this one down instead).
+    fn take_batch_fault(&mut self) -> Option<i32> {
+        let i = self.faults.iter().position(InjectedFault::is_batch)?;
+        match &mut self.faults[i] {
+            InjectedFault::BatchAfter { pass, .. } if *pass > 0 => {
+                *pass -= 1;
+                None
+            }
+            InjectedFault::Batch(errno) | InjectedFault::BatchAfter { errno, .. } => {
+                let errno = *errno;
+                self.faults.remove(i);
+                Some(errno)
+            }
+            _ => None,
+        }
+    }
+
     /// The socket's current receive and send buffer size.
     pub fn buffer_size(&self) -> usize {
         self.bufsize
@@ -700,9 +738,7 @@ impl NftSocket {
         if ops.is_empty() {
             return Ok(());
         }
-        if let Some(InjectedFault::Batch(errno)) =
-            self.take_fault(|f| matches!(f, InjectedFault::Batch(_)))
-        {
+        if let Some(errno) = self.take_batch_fault() {
             return Err(NftError::BatchRejected {
                 index: 0,
                 op: ops[0].to_string(),
@@ -846,7 +882,7 @@ impl NftSocket {
         let flags = batch_flags(msg);
         let is_dump = flags & NLM_F_DUMP != 0;
         for _ in 0..DUMP_RETRIES {
-            let fault = self.take_fault(|f| !matches!(f, InjectedFault::Batch(_)));
+            let fault = self.take_fault(|f| !f.is_batch());
             if let Some(InjectedFault::Dump(errno)) = fault {
                 return Err(NftError::Dump {
                     what: what.to_string(),
