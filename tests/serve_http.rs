@@ -70,14 +70,16 @@ async fn health_check_node_port_bytes_match_upstream() {
     hcs.sync_endpoints(BTreeMap::from([(svc("ns", "svc"), 2)]));
     let addr = SocketAddr::new(LOOPBACK, port);
 
-    // What Go's net/http writes for upstream's hcHandler, client sent Connection: close.
+    // What Go's net/http writes for upstream's hcHandler, client sent Connection: close:
+    // the handler's headers sorted, then Date, Content-Length, Connection (the order of
+    // its `extraHeader.Write`).
     let expected = "HTTP/1.1 200 OK\r\n\
         Content-Type: application/json\r\n\
         X-Content-Type-Options: nosniff\r\n\
         X-Load-Balancing-Endpoint-Weight: 2\r\n\
-        Connection: close\r\n\
         Date: Wed, 01 May 2024 10:00:00 GMT\r\n\
         Content-Length: 109\r\n\
+        Connection: close\r\n\
         \r\n\
         {\n\
         \t\"service\": {\n\
@@ -97,9 +99,9 @@ async fn health_check_node_port_bytes_match_upstream() {
         Content-Type: application/json\r\n\
         X-Content-Type-Options: nosniff\r\n\
         X-Load-Balancing-Endpoint-Weight: 0\r\n\
-        Connection: close\r\n\
         Date: Wed, 01 May 2024 10:00:00 GMT\r\n\
         Content-Length: 109\r\n\
+        Connection: close\r\n\
         \r\n\
         {\n\
         \t\"service\": {\n\
@@ -127,7 +129,10 @@ async fn health_check_node_port_bytes_match_upstream() {
 
     // HEAD: headers only.
     let r = request(addr, "HEAD", "/").await.unwrap();
-    assert!(r.ends_with("Content-Length: 109\r\n\r\n"), "{r}");
+    assert!(
+        r.ends_with("Content-Length: 109\r\nConnection: close\r\n\r\n"),
+        "{r}"
+    );
 }
 
 #[tokio::test]
@@ -205,7 +210,7 @@ async fn healthz_and_livez_across_the_state_machine() {
     assert_eq!(
         r,
         "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nX-Content-Type-Options: nosniff\r\n\
-         Connection: close\r\nDate: Wed, 01 May 2024 10:00:00 GMT\r\nContent-Length: 111\r\n\r\n\
+         Date: Wed, 01 May 2024 10:00:00 GMT\r\nContent-Length: 111\r\nConnection: close\r\n\r\n\
          {\"lastUpdated\":\"0001-01-01T00:00:00Z\",\"currentTime\":\"2024-05-01T10:00:00Z\",\"nodeEligible\":true,\"healthy\":false}"
     );
     assert_eq!(status(&get(addr, "/livez").await), 200);
