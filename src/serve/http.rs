@@ -251,7 +251,7 @@ pub async fn serve(
 /// Accept connections on `listener` forever, each served in its own task within
 /// `limits`. The connections belong to this future: dropping it (aborting its task)
 /// closes them with the listener. Connection errors are logged; a failed `accept`
-/// is logged and retried after [`ACCEPT_BACKOFF`].
+/// is logged and retried after `ACCEPT_BACKOFF` (100 ms).
 pub async fn serve_with(
     listener: TcpListener,
     clock: Arc<dyn Clock>,
