@@ -70,14 +70,16 @@ async fn health_check_node_port_bytes_match_upstream() {
     hcs.sync_endpoints(BTreeMap::from([(svc("ns", "svc"), 2)]));
     let addr = SocketAddr::new(LOOPBACK, port);
 
-    // What Go's net/http writes for upstream's hcHandler, client sent Connection: close.
+    // What Go's net/http writes for upstream's hcHandler, client sent Connection: close:
+    // the handler's headers sorted, then Date, Content-Length, Connection (the order of
+    // its `extraHeader.Write`).
     let expected = "HTTP/1.1 200 OK\r\n\
         Content-Type: application/json\r\n\
         X-Content-Type-Options: nosniff\r\n\
         X-Load-Balancing-Endpoint-Weight: 2\r\n\
-        Connection: close\r\n\
         Date: Wed, 01 May 2024 10:00:00 GMT\r\n\
         Content-Length: 109\r\n\
+        Connection: close\r\n\
         \r\n\
         {\n\
         \t\"service\": {\n\
@@ -97,9 +99,9 @@ async fn health_check_node_port_bytes_match_upstream() {
         Content-Type: application/json\r\n\
         X-Content-Type-Options: nosniff\r\n\
         X-Load-Balancing-Endpoint-Weight: 0\r\n\
-        Connection: close\r\n\
         Date: Wed, 01 May 2024 10:00:00 GMT\r\n\
         Content-Length: 109\r\n\
+        Connection: close\r\n\
         \r\n\
         {\n\
         \t\"service\": {\n\
@@ -127,7 +129,10 @@ async fn health_check_node_port_bytes_match_upstream() {
 
     // HEAD: headers only.
     let r = request(addr, "HEAD", "/").await.unwrap();
-    assert!(r.ends_with("Content-Length: 109\r\n\r\n"), "{r}");
+    assert!(
+        r.ends_with("Content-Length: 109\r\nConnection: close\r\n\r\n"),
+        "{r}"
+    );
 }
 
 #[tokio::test]
@@ -205,7 +210,7 @@ async fn healthz_and_livez_across_the_state_machine() {
     assert_eq!(
         r,
         "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nX-Content-Type-Options: nosniff\r\n\
-         Connection: close\r\nDate: Wed, 01 May 2024 10:00:00 GMT\r\nContent-Length: 111\r\n\r\n\
+         Date: Wed, 01 May 2024 10:00:00 GMT\r\nContent-Length: 111\r\nConnection: close\r\n\r\n\
          {\"lastUpdated\":\"0001-01-01T00:00:00Z\",\"currentTime\":\"2024-05-01T10:00:00Z\",\"nodeEligible\":true,\"healthy\":false}"
     );
     assert_eq!(status(&get(addr, "/livez").await), 200);
@@ -324,5 +329,147 @@ async fn bad_requests_do_not_kill_the_server() {
     assert!(out.starts_with("HTTP/1.1 400 Bad Request\r\n"), "{out}");
     // A client that hangs up mid-request.
     drop(TcpStream::connect(addr).await.unwrap());
+    assert_eq!(status(&get(addr, "/livez").await), 200);
+}
+
+/// Read one response from a kept-alive connection: its head, then `Content-Length`
+/// bytes of body unless `head_only`.
+async fn read_response(s: &mut TcpStream, head_only: bool) -> String {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end + 4]).into_owned();
+            let length: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("Content-Length: "))
+                .map_or(0, |v| v.parse().unwrap());
+            let total = end + 4 + if head_only { 0 } else { length };
+            while buf.len() < total {
+                let n = s.read(&mut chunk).await.unwrap();
+                assert_ne!(n, 0, "closed mid-response: {head}");
+                buf.extend_from_slice(&chunk[..n]);
+            }
+            assert_eq!(buf.len(), total, "more than one response");
+            return String::from_utf8(buf).unwrap();
+        }
+        let n = s.read(&mut chunk).await.unwrap();
+        assert_ne!(n, 0, "closed before a response");
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// Whether the server has closed `s` (reads EOF or a reset).
+async fn closed(s: &mut TcpStream) -> bool {
+    matches!(s.read(&mut [0u8; 1]).await, Ok(0) | Err(_))
+}
+
+#[tokio::test]
+async fn keep_alive_probes() {
+    let clock = clock();
+    let health = health(&clock);
+    health.updated();
+    let addr = start_health(health.clone(), Arc::new(Metrics::new())).await;
+
+    // HTTP/1.1, as Go's client (kubelet with keep-alive, Prometheus) sends it:
+    // several requests on one connection, HEAD among them, no Connection header.
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    for (method, path, code) in [
+        ("GET", "/healthz", 200),
+        ("HEAD", "/livez", 200),
+        ("GET", "/livez", 200),
+        ("GET", "/nope", 404),
+        ("GET", "/healthz", 200),
+    ] {
+        s.write_all(
+            format!(
+                "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: Go-http-client/1.1\r\n\r\n"
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+        let r = read_response(&mut s, method == "HEAD").await;
+        assert_eq!(status(&r), code, "{r}");
+        assert!(r.starts_with("HTTP/1.1 "), "{r}");
+        assert!(!r.contains("Connection:"), "{r}");
+        assert_eq!(r.ends_with("\r\n\r\n"), method == "HEAD", "{r}");
+    }
+    // The last one asks to close: answered with `Connection: close`, then closed.
+    s.write_all(b"GET /livez HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let r = read_response(&mut s, false).await;
+    assert!(r.contains("\r\nConnection: close\r\n\r\n"), "{r}");
+    assert!(closed(&mut s).await);
+
+    // HTTP/1.0 without keep-alive (a plain health checker): one answer in 1.0, closed.
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"GET /healthz HTTP/1.0\r\n\r\n").await.unwrap();
+    let r = read_response(&mut s, false).await;
+    assert!(r.starts_with("HTTP/1.0 200 OK\r\n"), "{r}");
+    assert!(!r.contains("Connection:"), "{r}");
+    assert!(closed(&mut s).await);
+
+    // HTTP/1.0 with `Connection: keep-alive` (some cloud load balancers): kept open
+    // for as long as the client asks, each answer saying so.
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    for method in ["GET", "HEAD", "GET"] {
+        s.write_all(
+            format!("{method} /livez HTTP/1.0\r\nConnection: keep-alive\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
+        let r = read_response(&mut s, method == "HEAD").await;
+        assert!(r.starts_with("HTTP/1.0 200 OK\r\n"), "{r}");
+        assert!(r.contains("\r\nConnection: keep-alive\r\n\r\n"), "{r}");
+    }
+    s.write_all(b"GET /livez HTTP/1.0\r\n\r\n").await.unwrap();
+    assert_eq!(status(&read_response(&mut s, false).await), 200);
+    assert!(closed(&mut s).await);
+}
+
+#[tokio::test]
+async fn health_check_node_port_keeps_a_load_balancers_connection() {
+    let clock = clock();
+    let health = health(&clock);
+    health.updated();
+    let hcs = ServiceHealthServer::new(Some(vec![LOOPBACK]), health);
+    let port = free_port();
+    hcs.sync_services(BTreeMap::from([(svc("ns", "svc"), port)]))
+        .await;
+    let addr = SocketAddr::new(LOOPBACK, port);
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    // The endpoint count changes between probes on the same connection.
+    for count in [0, 3, 1] {
+        hcs.sync_endpoints(BTreeMap::from([(svc("ns", "svc"), count)]));
+        s.write_all(b"GET / HTTP/1.1\r\nHost: lb\r\n\r\n")
+            .await
+            .unwrap();
+        let r = read_response(&mut s, false).await;
+        assert_eq!(status(&r), if count == 0 { 503 } else { 200 });
+        assert!(r.contains(&format!(
+            "\r\nX-Load-Balancing-Endpoint-Weight: {count}\r\n"
+        )));
+    }
+    // Closing the service's health check closes its open connections too.
+    hcs.sync_services(BTreeMap::new()).await;
+    assert!(closed(&mut s).await);
+}
+
+#[tokio::test]
+async fn request_bodies_are_not_read() {
+    let clock = clock();
+    let addr = start_health(health(&clock), Arc::new(Metrics::new())).await;
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    // A body announced as 1 GiB, of which 1 KiB is sent: answered, then closed
+    // without waiting for the rest.
+    s.write_all(b"POST /livez HTTP/1.1\r\nHost: x\r\nContent-Length: 1073741824\r\n\r\n")
+        .await
+        .unwrap();
+    s.write_all(&[b'a'; 1024]).await.unwrap();
+    let r = read_response(&mut s, false).await;
+    assert_eq!(status(&r), 200, "{r}");
+    assert!(closed(&mut s).await);
     assert_eq!(status(&get(addr, "/livez").await), 200);
 }

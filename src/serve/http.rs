@@ -1,32 +1,89 @@
-//! A deliberately small HTTP/1.1 server on `tokio::net::TcpListener`: read the request
-//! line and headers, answer, close. Enough for probes and scrapes; no keep-alive, no
-//! request bodies, no TLS.
+//! The HTTP/1.x server behind every port we serve: hyper's HTTP/1 connection does the
+//! parsing, framing and keep-alive on a tokio `TcpListener`; this module adds the
+//! limits a port open to the network needs ([`Limits`]) and lays responses out as
+//! Go's `net/http` writes them.
 //!
-//! Responses are laid out as Go's `net/http` writes them for a client that sent
-//! `Connection: close`: status line, the handler's headers sorted by name, then
-//! `Connection: close`, `Date`, `Content-Length`.
+//! On the wire a response is: status line (`HTTP/1.0` to a 1.0 client), the handler's
+//! headers sorted by name, `Date`, `Content-Length`, then `Connection: close` when a
+//! 1.1 client asked to close or `Connection: keep-alive` when a 1.0 client asked to
+//! keep the connection; header names in Go's canonical case. Keep-alive is HTTP/1.1's
+//! default and HTTP/1.0's on request. Request bodies are never read: a request with
+//! a body is answered, then its connection closed.
 
+use std::convert::Infallible;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::header::{CONNECTION, CONTENT_LENGTH, DATE, HeaderName, HeaderValue};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{StatusCode, Version};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
 
 use super::format::http_date;
 use super::health::{Clock, ProxyHealth};
 use super::metrics::Metrics;
 
-/// Largest request head we read (Go's `DefaultMaxHeaderBytes` is 1 MiB; probes send
-/// a few hundred bytes).
-const MAX_HEAD: usize = 64 * 1024;
-/// How long a client may take to send its request head (Go servers in kube-proxy
-/// set no limit; we do, so a silent client cannot hold a task forever).
-const READ_TIMEOUT: Duration = Duration::from_secs(10);
-
 /// `Content-Type` of `/metrics` (Prometheus text format 0.0.4).
 pub const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// How long [`serve`] waits after a failed `accept` (EMFILE, ENFILE, ENOMEM) before
+/// trying again, so a process out of descriptors does not spin.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// What one listener accepts. Go's servers in kube-proxy set none of these; a port
+/// open to every client of the node needs them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// How long a client may take to send a whole request head, counted from the
+    /// connection's start and again from the end of each response: it closes slow
+    /// heads (slowloris), silent connections and idle keep-alive connections alike.
+    pub header_timeout: Duration,
+    /// Largest request head (request line and headers) in bytes; a larger one is
+    /// answered 431 and its connection closed. It also bounds each connection's read
+    /// buffer (hyper's floor for that buffer is 8 KiB).
+    pub max_head_bytes: usize,
+    /// Connections served at once; a connection over it is accepted and closed at
+    /// once, so it costs no buffer and no task.
+    pub max_connections: usize,
+}
+
+impl Default for Limits {
+    /// 10 s for a head (probes send theirs in one packet), 16 KiB of head (probes
+    /// send a few hundred bytes; kubelet's `httpHeaders` are small), 1024
+    /// connections per listener.
+    fn default() -> Self {
+        Limits {
+            header_timeout: Duration::from_secs(10),
+            max_head_bytes: 16 * 1024,
+            max_connections: 1024,
+        }
+    }
+}
+
+impl Limits {
+    /// hyper's HTTP/1 connection settings for these limits.
+    fn builder(&self) -> http1::Builder {
+        let mut b = http1::Builder::new();
+        b.timer(TokioTimer::new())
+            .header_read_timeout(self.header_timeout)
+            .max_header_size(self.max_head_bytes)
+            // hyper panics below its 8 KiB minimum.
+            .max_buf_size(self.max_head_bytes.max(8 * 1024))
+            .keep_alive(true)
+            .title_case_headers(true)
+            // Date comes from our clock (tests pin it).
+            .auto_date_header(false);
+        b
+    }
+}
 
 /// The parts of a request the handlers look at.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,7 +99,7 @@ pub struct Request {
 pub struct Response {
     /// Status code.
     pub status: u16,
-    /// Header name/value pairs (sorted by name when written).
+    /// Header name/value pairs in Go's canonical case (sorted by name when written).
     pub headers: Vec<(&'static str, String)>,
     /// Body (omitted on the wire for `HEAD`).
     pub body: Vec<u8>,
@@ -74,142 +131,161 @@ impl Response {
         self
     }
 
-    /// The bytes on the wire, with `date` as the `Date` header.
-    pub fn to_bytes(&self, date: &str, head_only: bool) -> Vec<u8> {
-        let mut headers = self.headers.clone();
+    /// The hyper response: the handler's headers sorted by name, then `Date: date`,
+    /// `Content-Length`, and `Connection: keep-alive` if `http10_keep_alive` (hyper
+    /// adds `Connection: close` itself after those when it will close). A header
+    /// that is not a valid name or value is left out and logged. `head_only` sends
+    /// the length but no body.
+    fn into_hyper(
+        self,
+        date: &str,
+        head_only: bool,
+        http10_keep_alive: bool,
+    ) -> hyper::Response<Full<Bytes>> {
+        let length = self.body.len();
+        let body = if head_only { Vec::new() } else { self.body };
+        let mut resp = hyper::Response::new(Full::new(Bytes::from(body)));
+        *resp.status_mut() =
+            StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let mut headers = self.headers;
         headers.sort_by(|a, b| a.0.cmp(b.0));
-        let mut out = format!("HTTP/1.1 {} {}\r\n", self.status, reason(self.status));
-        for (k, v) in &headers {
-            out.push_str(&format!("{k}: {v}\r\n"));
+        let map = resp.headers_mut();
+        for (name, value) in headers {
+            match (
+                HeaderName::from_bytes(name.as_bytes()),
+                HeaderValue::from_str(&value),
+            ) {
+                (Ok(n), Ok(v)) => {
+                    map.append(n, v);
+                }
+                _ => tracing::warn!(name, value, "response header left out: not valid HTTP"),
+            }
         }
-        out.push_str(&format!(
-            "Connection: close\r\nDate: {date}\r\nContent-Length: {}\r\n\r\n",
-            self.body.len()
-        ));
-        let mut bytes = out.into_bytes();
-        if !head_only {
-            bytes.extend_from_slice(&self.body);
+        if let Ok(d) = HeaderValue::from_str(date) {
+            map.insert(DATE, d);
         }
-        bytes
-    }
-}
-
-fn reason(status: u16) -> &'static str {
-    match status {
-        200 => "OK",
-        400 => "Bad Request",
-        404 => "Not Found",
-        431 => "Request Header Fields Too Large",
-        503 => "Service Unavailable",
-        _ => "",
+        map.insert(CONTENT_LENGTH, HeaderValue::from(length));
+        if http10_keep_alive {
+            map.insert(CONNECTION, HeaderValue::from_static("keep-alive"));
+        }
+        resp
     }
 }
 
 /// A request handler.
 pub type Handler = Arc<dyn Fn(&Request) -> Response + Send + Sync>;
 
-/// Parse `METHOD SP target SP HTTP/x.y` from the head; the target may be in
-/// origin form (`/healthz?x`) or absolute form (`http://host/healthz`).
-fn parse_head(head: &[u8]) -> Option<Request> {
-    let text = std::str::from_utf8(head).ok()?;
-    let line = text.split("\r\n").next()?;
-    let mut parts = line.split(' ');
-    let (method, target, version) = (parts.next()?, parts.next()?, parts.next()?);
-    if parts.next().is_some() || !version.starts_with("HTTP/1.") || method.is_empty() {
-        return None;
-    }
-    let target = match target.find("://") {
-        Some(i) => {
-            let rest = &target[i + 3..];
-            rest.find('/').map_or("/", |j| &rest[j..])
-        }
-        None => target,
-    };
-    let path = target.split('?').next().unwrap_or("");
-    if !path.starts_with('/') {
-        return None;
-    }
-    Some(Request {
-        method: method.to_string(),
-        path: path.to_string(),
-    })
+/// Whether a `Connection` header lists `token` (case-insensitive, comma-separated).
+fn connection_has(req: &hyper::Request<Incoming>, token: &str) -> bool {
+    req.headers()
+        .get_all(CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case(token))
 }
 
-/// Read the request head (up to the blank line).
-async fn read_head(stream: &mut TcpStream) -> io::Result<Result<Vec<u8>, u16>> {
-    let mut buf = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 1024];
-    loop {
-        let n = stream.read(&mut chunk).await?;
-        if n == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "connection closed mid-request",
-            ));
-        }
-        let scan_from = buf.len().saturating_sub(3);
-        buf.extend_from_slice(&chunk[..n]);
-        if let Some(i) = buf[scan_from..].windows(4).position(|w| w == b"\r\n\r\n") {
-            buf.truncate(scan_from + i + 4);
-            return Ok(Ok(buf));
-        }
-        if buf.len() > MAX_HEAD {
-            return Ok(Err(431));
-        }
-    }
-}
-
-async fn handle_conn(
-    mut stream: TcpStream,
+/// Answer one request with `handler`. A target whose path does not start with `/`
+/// (`GET healthz`, `OPTIONS *`) is a 400, as Go's request parser makes it; an
+/// absolute-form target (`http://host/livez`) is routed on its path.
+fn respond(
+    req: &hyper::Request<Incoming>,
     clock: &dyn Clock,
     handler: &Handler,
-) -> io::Result<()> {
-    let head = tokio::time::timeout(READ_TIMEOUT, read_head(&mut stream))
-        .await
-        .map_err(|_| {
-            io::Error::new(io::ErrorKind::TimedOut, "request head not received in time")
-        })??;
-    let (resp, head_only) = match head {
-        Ok(h) => match parse_head(&h) {
-            Some(req) => (handler(&req), req.method == "HEAD"),
-            None => (
-                Response::new(400, "text/plain; charset=utf-8", "400 Bad Request"),
-                false,
-            ),
-        },
-        Err(code) => (
-            Response::new(code, "text/plain; charset=utf-8", reason(code)),
-            false,
-        ),
+) -> hyper::Response<Full<Bytes>> {
+    let path = req.uri().path();
+    let resp = if path.starts_with('/') {
+        handler(&Request {
+            method: req.method().as_str().to_string(),
+            path: path.to_string(),
+        })
+    } else {
+        Response::new(400, "text/plain; charset=utf-8", "400 Bad Request")
     };
-    let bytes = resp.to_bytes(&http_date(clock.now()), head_only);
-    stream.write_all(&bytes).await?;
-    stream.shutdown().await
+    let http10_keep_alive = req.version() == Version::HTTP_10 && connection_has(req, "keep-alive");
+    resp.into_hyper(
+        &http_date(clock.now()),
+        req.method() == hyper::Method::HEAD,
+        http10_keep_alive,
+    )
 }
 
-/// Accept connections on `listener` forever, answering each with `handler`.
-/// Per-connection errors are logged; accept errors are logged and retried.
+/// Serve HTTP/1 requests on one connection until the client closes it, a limit
+/// closes it, or it fails.
+pub async fn serve_connection<I>(
+    io: I,
+    builder: &http1::Builder,
+    clock: Arc<dyn Clock>,
+    handler: Handler,
+) -> Result<(), hyper::Error>
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let service = service_fn(move |req| {
+        std::future::ready(Ok::<_, Infallible>(respond(&req, clock.as_ref(), &handler)))
+    });
+    builder.serve_connection(TokioIo::new(io), service).await
+}
+
+/// Whether an `accept` error concerns only the connection being accepted (its client
+/// gave up), so the next `accept` may follow at once.
+fn connection_only(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::Interrupted
+    )
+}
+
+/// Accept connections on `listener` forever, answering with `handler` within the
+/// default [`Limits`].
 pub async fn serve(
     listener: TcpListener,
     clock: Arc<dyn Clock>,
     handler: Handler,
 ) -> io::Result<()> {
+    serve_with(listener, clock, handler, Limits::default()).await
+}
+
+/// Accept connections on `listener` forever, each served in its own task within
+/// `limits`. The connections belong to this future: dropping it (aborting its task)
+/// closes them with the listener. Connection errors are logged; a failed `accept`
+/// is logged and retried after `ACCEPT_BACKOFF` (100 ms).
+pub async fn serve_with(
+    listener: TcpListener,
+    clock: Arc<dyn Clock>,
+    handler: Handler,
+    limits: Limits,
+) -> io::Result<()> {
     let local = listener.local_addr().ok();
+    let builder = limits.builder();
+    let mut conns = JoinSet::new();
     loop {
-        match listener.accept().await {
-            Ok((stream, peer)) => {
-                let (clock, handler) = (clock.clone(), handler.clone());
-                tokio::spawn(async move {
-                    if let Err(e) = handle_conn(stream, clock.as_ref(), &handler).await {
-                        tracing::debug!(?local, %peer, error = %e, "HTTP connection failed");
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    if conns.len() >= limits.max_connections {
+                        tracing::debug!(?local, %peer, limit = limits.max_connections, "too many connections; closing a new one");
+                        drop(stream);
+                        continue;
                     }
-                });
-            }
-            Err(e) => {
-                // EMFILE and friends: back off instead of spinning.
-                tracing::warn!(?local, error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
+                    let (builder, clock, handler) = (builder.clone(), clock.clone(), handler.clone());
+                    conns.spawn(async move {
+                        if let Err(e) = serve_connection(stream, &builder, clock, handler).await {
+                            tracing::debug!(?local, %peer, error = %e, "HTTP connection failed");
+                        }
+                    });
+                }
+                Err(e) if connection_only(&e) => {
+                    tracing::debug!(?local, error = %e, "accept failed for one connection");
+                }
+                Err(e) => {
+                    tracing::warn!(?local, error = %e, "accept failed; backing off");
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                }
+            },
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
         }
     }
 }
@@ -292,32 +368,87 @@ pub async fn serve_metrics_on(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::serve::FakeClock;
+    use std::time::UNIX_EPOCH;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    #[test]
-    fn parses_request_lines() {
-        let r = parse_head(b"GET /healthz?verbose HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
-        assert_eq!((r.method.as_str(), r.path.as_str()), ("GET", "/healthz"));
-        let r = parse_head(b"HEAD http://10.0.0.1:10256/livez HTTP/1.0\r\n\r\n").unwrap();
-        assert_eq!((r.method.as_str(), r.path.as_str()), ("HEAD", "/livez"));
-        assert!(parse_head(b"GET healthz HTTP/1.1\r\n\r\n").is_none());
-        assert!(parse_head(b"garbage\r\n\r\n").is_none());
-        assert!(parse_head(b"GET / SPDY/3\r\n\r\n").is_none());
+    const DATE: &str = "Thu, 01 Jan 1970 00:00:00 GMT";
+
+    /// A handler answering like a healthCheckNodePort with 0 endpoints.
+    fn weight_zero() -> Handler {
+        Arc::new(|req: &Request| {
+            if req.path == "/" {
+                Response::new(503, "application/json", "{}")
+                    .header("X-Load-Balancing-Endpoint-Weight", "0")
+            } else {
+                Response::not_found()
+            }
+        })
     }
 
-    #[test]
-    fn frames_like_go() {
-        let r = Response::new(503, "application/json", "{}")
-            .header("X-Load-Balancing-Endpoint-Weight", "0");
-        let b = r.to_bytes("Thu, 01 Jan 1970 00:00:00 GMT", false);
+    /// Send `request` over an in-memory connection and read until the server closes.
+    async fn exchange(request: &[u8]) -> String {
+        let (mut client, server) = tokio::io::duplex(64 * 1024);
+        let clock: Arc<dyn Clock> = Arc::new(FakeClock::new(UNIX_EPOCH));
+        let task = tokio::spawn(async move {
+            let _ =
+                serve_connection(server, &Limits::default().builder(), clock, weight_zero()).await;
+        });
+        client.write_all(request).await.unwrap();
+        let mut out = Vec::new();
+        client.read_to_end(&mut out).await.unwrap();
+        task.await.unwrap();
+        String::from_utf8(out).unwrap()
+    }
+
+    #[tokio::test]
+    async fn frames_like_go() {
+        // HTTP/1.1 asking to close: Go's order, Connection last.
         assert_eq!(
-            String::from_utf8(b).unwrap(),
-            "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nX-Content-Type-Options: nosniff\r\nX-Load-Balancing-Endpoint-Weight: 0\r\nConnection: close\r\nDate: Thu, 01 Jan 1970 00:00:00 GMT\r\nContent-Length: 2\r\n\r\n{}"
+            exchange(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await,
+            format!(
+                "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nX-Content-Type-Options: nosniff\r\n\
+                 X-Load-Balancing-Endpoint-Weight: 0\r\nDate: {DATE}\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{{}}"
+            )
         );
-        let b = r.to_bytes("D", true);
-        assert!(
-            String::from_utf8(b)
-                .unwrap()
-                .ends_with("Content-Length: 2\r\n\r\n")
+        // HEAD: the length, no body.
+        assert_eq!(
+            exchange(b"HEAD / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await,
+            format!(
+                "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nX-Content-Type-Options: nosniff\r\n\
+                 X-Load-Balancing-Endpoint-Weight: 0\r\nDate: {DATE}\r\nContent-Length: 2\r\nConnection: close\r\n\r\n"
+            )
         );
+        // HTTP/1.0: answered in 1.0, no Connection header, closed. With keep-alive
+        // asked: `Connection: keep-alive`, and the next request on the same
+        // connection is answered.
+        let plain = format!(
+            "HTTP/1.0 503 Service Unavailable\r\nContent-Type: application/json\r\nX-Content-Type-Options: nosniff\r\n\
+             X-Load-Balancing-Endpoint-Weight: 0\r\nDate: {DATE}\r\nContent-Length: 2\r\n"
+        );
+        assert_eq!(
+            exchange(b"GET / HTTP/1.0\r\n\r\n").await,
+            format!("{plain}\r\n{{}}")
+        );
+        assert_eq!(
+            exchange(b"GET / HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\nGET / HTTP/1.0\r\n\r\n")
+                .await,
+            format!("{plain}Connection: keep-alive\r\n\r\n{{}}{plain}\r\n{{}}")
+        );
+    }
+
+    #[tokio::test]
+    async fn routes_on_the_path() {
+        // Absolute form, query string: routed on the path.
+        let r = exchange(b"GET http://10.0.0.1:10256/?verbose HTTP/1.0\r\n\r\n").await;
+        assert!(r.starts_with("HTTP/1.0 503 "), "{r}");
+        let r = exchange(b"GET /x?y HTTP/1.0\r\n\r\n").await;
+        assert!(r.starts_with("HTTP/1.0 404 ") && r.ends_with("\r\n\r\n404 page not found\n"));
+        // No leading slash: 400, as Go answers it.
+        let r = exchange(b"GET healthz HTTP/1.0\r\n\r\n").await;
+        assert!(r.starts_with("HTTP/1.0 400 Bad Request\r\n"), "{r}");
+        // Not HTTP at all.
+        let r = exchange(b"garbage\r\n\r\n").await;
+        assert!(r.starts_with("HTTP/1.1 400 Bad Request\r\n"), "{r}");
     }
 }

@@ -6,8 +6,9 @@
 //!   `/healthz` ([`serve_metrics`], values in [`Metrics`]);
 //! - one listener per `healthCheckNodePort` ([`ServiceHealthServer`]).
 //!
-//! The HTTP handling is our own few lines on tokio (request line + headers, answer,
-//! close); field names, formats, headers and metric names follow upstream.
+//! HTTP/1.x itself (parsing, framing, keep-alive) is hyper's, with limits on head
+//! size, head time and connections per listener ([`http::Limits`]); field names,
+//! formats, headers and metric names follow upstream.
 
 pub mod format;
 pub mod health;
