@@ -23,9 +23,11 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{StatusCode, Version};
 use hyper_util::rt::{TokioIo, TokioTimer};
+use std::collections::VecDeque;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::TcpListener;
-use tokio::task::JoinSet;
+
+use tokio::net::{TcpListener, TcpSocket};
+use tokio::task::{AbortHandle, JoinSet};
 
 use super::format::http_date;
 use super::health::{Clock, ProxyHealth};
@@ -37,6 +39,24 @@ pub const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8
 /// How long [`serve`] waits after a failed `accept` (EMFILE, ENFILE, ENOMEM) before
 /// trying again, so a process out of descriptors does not spin.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// The listen backlog we ask for (the kernel caps it at `net.core.somaxconn`, 4096
+/// by default), as Go's listeners do: a burst of probes or connections waits in
+/// the accept queue instead of in SYN retransmits.
+const LISTEN_BACKLOG: u32 = 4096;
+
+/// A listening socket on `addr` with `SO_REUSEADDR` (as the standard library's
+/// listeners have) and a backlog of [`LISTEN_BACKLOG`]. An unspecified IPv6
+/// address (`[::]`) takes IPv4 too unless the node set `net.ipv6.bindv6only`.
+pub fn bind_listener(addr: SocketAddr) -> io::Result<TcpListener> {
+    let socket = match addr {
+        SocketAddr::V4(_) => TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => TcpSocket::new_v6()?,
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
 
 /// What one listener accepts. Go's servers in kube-proxy set none of these; a port
 /// open to every client of the node needs them.
@@ -50,8 +70,10 @@ pub struct Limits {
     /// answered 431 and its connection closed. It also bounds each connection's read
     /// buffer (hyper's floor for that buffer is 8 KiB).
     pub max_head_bytes: usize,
-    /// Connections served at once; a connection over it is accepted and closed at
-    /// once, so it costs no buffer and no task.
+    /// Connections served at once. A new connection over it is served and the
+    /// oldest one closed: whoever holds many connections open cannot keep a
+    /// probe out (a load balancer's health check reaches a healthCheckNodePort
+    /// however many idle or slow clients hold it), and memory stays bounded.
     pub max_connections: usize,
 }
 
@@ -249,9 +271,10 @@ pub async fn serve(
 }
 
 /// Accept connections on `listener` forever, each served in its own task within
-/// `limits`. The connections belong to this future: dropping it (aborting its task)
-/// closes them with the listener. Connection errors are logged; a failed `accept`
-/// is logged and retried after `ACCEPT_BACKOFF` (100 ms).
+/// `limits`; over `max_connections` the oldest connection is closed. The
+/// connections belong to this future: dropping it (aborting its task) closes them
+/// with the listener. Connection errors are logged; a failed `accept` is logged
+/// and retried after `ACCEPT_BACKOFF` (100 ms).
 pub async fn serve_with(
     listener: TcpListener,
     clock: Arc<dyn Clock>,
@@ -261,21 +284,31 @@ pub async fn serve_with(
     let local = listener.local_addr().ok();
     let builder = limits.builder();
     let mut conns = JoinSet::new();
+    // The open connections, oldest first (ended ones are dropped lazily: an
+    // aborted handle of a finished task does nothing).
+    let mut by_age: VecDeque<AbortHandle> = VecDeque::new();
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
-                    if conns.len() >= limits.max_connections {
-                        tracing::debug!(?local, %peer, limit = limits.max_connections, "too many connections; closing a new one");
-                        drop(stream);
-                        continue;
+                    if conns.len() >= limits.max_connections.max(1) {
+                        tracing::debug!(?local, limit = limits.max_connections, "too many connections; closing the oldest");
+                        while let Some(oldest) = by_age.pop_front() {
+                            if !oldest.is_finished() {
+                                oldest.abort();
+                                // One task leaves the set: the aborted one (at
+                                // once), or one that ended meanwhile.
+                                let _ = conns.join_next().await;
+                                break;
+                            }
+                        }
                     }
                     let (builder, clock, handler) = (builder.clone(), clock.clone(), handler.clone());
-                    conns.spawn(async move {
+                    by_age.push_back(conns.spawn(async move {
                         if let Err(e) = serve_connection(stream, &builder, clock, handler).await {
                             tracing::debug!(?local, %peer, error = %e, "HTTP connection failed");
                         }
-                    });
+                    }));
                 }
                 Err(e) if connection_only(&e) => {
                     tracing::debug!(?local, error = %e, "accept failed for one connection");
@@ -285,7 +318,15 @@ pub async fn serve_with(
                     tokio::time::sleep(ACCEPT_BACKOFF).await;
                 }
             },
-            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+            Some(_) = conns.join_next(), if !conns.is_empty() => {
+                // Keep the age queue as long as the set, at most.
+                while by_age.front().is_some_and(AbortHandle::is_finished) {
+                    by_age.pop_front();
+                }
+                if by_age.len() > 2 * limits.max_connections.max(1) {
+                    by_age.retain(|h| !h.is_finished());
+                }
+            }
         }
     }
 }
@@ -328,7 +369,7 @@ pub async fn serve_health(
     health: Arc<ProxyHealth>,
     metrics: Arc<Metrics>,
 ) -> io::Result<()> {
-    let listener = TcpListener::bind(addr).await?;
+    let listener = bind_listener(addr)?;
     tracing::info!(%addr, "serving /healthz and /livez");
     serve_health_on(listener, health, metrics).await
 }
@@ -350,7 +391,7 @@ pub async fn serve_metrics(
     metrics: Arc<Metrics>,
     proxy_mode: &'static str,
 ) -> io::Result<()> {
-    let listener = TcpListener::bind(addr).await?;
+    let listener = bind_listener(addr)?;
     tracing::info!(%addr, "serving /metrics");
     serve_metrics_on(listener, metrics, proxy_mode).await
 }

@@ -11,12 +11,11 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 
-use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
 use super::format::go_quote;
 use super::health::ProxyHealth;
-use super::http::{Handler, Request, Response, serve};
+use super::http::{Handler, Request, Response, bind_listener, serve};
 
 /// `(namespace, name)` of a Service.
 pub type ServiceKey = (String, String);
@@ -151,15 +150,13 @@ impl ServiceHealthServer {
         };
         let mut listeners = Vec::with_capacity(addrs.len());
         for addr in addrs {
-            let bound = match std::net::TcpListener::bind(addr) {
+            let bound = match bind_listener(addr) {
                 Err(e) if self.bind_ips.is_empty() && ipv6_unavailable(&e) => {
-                    std::net::TcpListener::bind((Ipv4Addr::UNSPECIFIED, port))
+                    bind_listener(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port))
                 }
                 r => r,
             };
-            let l = bound?;
-            l.set_nonblocking(true)?;
-            listeners.push(TcpListener::from_std(l)?);
+            listeners.push(bound?);
         }
         let handler = self.handler(key.clone());
         Ok(listeners
