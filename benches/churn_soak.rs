@@ -578,7 +578,7 @@ fn soak(s: &Settings) -> bool {
     }
     let churned = churn_start.elapsed();
     println!(
-        "\n{written} writes in {:.1} s ({:.2}/s; add {}, change {}, delete {}), latest write {:.0} ms behind its schedule; {} services at the end",
+        "\n{written} writes in {:.1} s ({:.2}/s; add {}, change {}, delete {}), each write at most {:.0} ms behind its schedule; {} services at the end",
         churned.as_secs_f64(),
         written as f64 / churned.as_secs_f64(),
         ops.get(&Op::Add).unwrap_or(&0),
