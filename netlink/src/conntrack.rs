@@ -3,6 +3,13 @@
 //! delete each match by its exact original tuple (and `CTA_ID`, so an entry that
 //! was replaced in between is left alone).
 //!
+//! The dump is streamed, never collected: each datagram's entries are judged as
+//! it arrives, and the matches go out on a second socket in pipelined batches of
+//! at most [`DELETE_BATCH`] while the dump waits (the kernel fills the next
+//! datagram only when it is read). A cleanup's memory is one datagram and one
+//! batch, whatever the size of the table (`conntrack -D` also deletes from a
+//! second handle while it dumps).
+//!
 //! [`ConntrackHandle`] is the `conntrack -L` / `conntrack -D` equivalent.
 
 use std::io;
@@ -24,6 +31,11 @@ use crate::sock::{NlSocket, SockError};
 pub const CTA_ID: u16 = 12;
 /// `CTA_ZONE` (be16).
 pub const CTA_ZONE: u16 = 18;
+/// Deletes in flight at most while a dump waits for them: the bound on a
+/// cleanup's memory besides the dump's one datagram.
+pub const DELETE_BATCH: usize = 256;
+/// Dumps the kernel flags as interrupted are redone this often.
+const DUMP_RETRIES: usize = 5;
 
 /// Errors of conntrack requests, named by phase.
 #[derive(Debug, thiserror::Error)]
@@ -198,89 +210,116 @@ fn ct_message(family: NetfilterProtoFamily, m: ConntrackMessage) -> NetfilterMes
     NetfilterMessage::new(NetfilterHeader::new(family, 0, 0), m)
 }
 
-fn render(e: &ConntrackEntry) -> String {
+fn render(orig: &CtTuple, reply: &CtTuple) -> String {
     format!(
         "proto={} src={} dst={} sport={} dport={} | src={} dst={} sport={} dport={}",
-        e.orig.proto,
-        e.orig.src,
-        e.orig.dst,
-        e.orig.sport,
-        e.orig.dport,
-        e.reply.src,
-        e.reply.dst,
-        e.reply.sport,
-        e.reply.dport
+        orig.proto,
+        orig.src,
+        orig.dst,
+        orig.sport,
+        orig.dport,
+        reply.src,
+        reply.dst,
+        reply.sport,
+        reply.dport
     )
 }
 
-/// Handle to the conntrack table of the netns it was opened in. Cloning shares
-/// one socket.
+/// Deletes waiting to be sent: each message with the tuples that name it in an error.
+type DeleteBatch = Vec<(NetfilterMessage, (CtTuple, CtTuple))>;
+
+/// Handle to the conntrack table of the netns it was opened in: one socket for
+/// dumps, one for the deletes sent while a dump runs. Cloning shares both.
 #[derive(Debug, Clone)]
 pub struct ConntrackHandle {
-    sock: Arc<Mutex<NlSocket>>,
+    dumps: Arc<Mutex<NlSocket>>,
+    requests: Arc<Mutex<NlSocket>>,
+}
+
+fn lock(sock: &Mutex<NlSocket>) -> std::sync::MutexGuard<'_, NlSocket> {
+    sock.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl ConntrackHandle {
-    /// Open a NETLINK_NETFILTER socket in the calling thread's netns.
+    /// Open two NETLINK_NETFILTER sockets in the calling thread's netns.
     pub fn new() -> Result<Self, ConntrackError> {
-        let sock =
-            NlSocket::open(NETLINK_NETFILTER).map_err(|e| ConntrackError::Open(e.to_string()))?;
+        let open = || {
+            NlSocket::open(NETLINK_NETFILTER)
+                .map(|s| Arc::new(Mutex::new(s)))
+                .map_err(|e| ConntrackError::Open(e.to_string()))
+        };
         Ok(ConntrackHandle {
-            sock: Arc::new(Mutex::new(sock)),
+            dumps: open()?,
+            requests: open()?,
         })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, NlSocket> {
-        self.sock.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// All entries of one family: `conntrack -L -f ipv4|ipv6`.
-    pub fn list(&self, ipv6: bool) -> Result<Vec<ConntrackEntry>, ConntrackError> {
+    /// One dump of `ipv6`'s family, each entry handed to `each` as its datagram
+    /// arrives; the first error of `each` ends it. Returns whether the kernel
+    /// flagged the dump as interrupted.
+    fn stream(
+        &self,
+        ipv6: bool,
+        mut each: impl FnMut(ConntrackEntry) -> Result<(), ConntrackError>,
+    ) -> Result<bool, ConntrackError> {
         let family = if ipv6 {
             NetfilterProtoFamily::IPv6
         } else {
             NetfilterProtoFamily::IPv4
         };
-        let msgs = self
-            .lock()
-            .dump(ct_message(family, ConntrackMessage::Get(vec![])))
-            .map_err(|e| ConntrackError::Dump(e.to_string()))?;
-        Ok(msgs
-            .iter()
-            .filter_map(|m| match &m.inner {
-                NetfilterMessageInner::Conntrack(ConntrackMessage::New(attrs)) => {
-                    parse_entry(attrs)
-                }
-                _ => None,
-            })
-            .collect())
+        lock(&self.dumps)
+            .dump_each(
+                ct_message(family, ConntrackMessage::Get(vec![])),
+                |m| match &m.inner {
+                    NetfilterMessageInner::Conntrack(ConntrackMessage::New(attrs)) => {
+                        match parse_entry(attrs) {
+                            Some(e) => each(e),
+                            None => Ok(()),
+                        }
+                    }
+                    _ => Ok(()),
+                },
+            )
+            .map_err(|e| ConntrackError::Dump(e.to_string()))?
     }
 
-    /// Delete every entry of `ipv6`'s family matching `pred`; returns how many were
-    /// deleted (entries gone in between are not counted and not errors).
-    pub fn delete_matching(
-        &self,
-        ipv6: bool,
-        pred: impl Fn(&ConntrackEntry) -> bool,
-    ) -> Result<usize, ConntrackError> {
+    /// All entries of one family: `conntrack -L -f ipv4|ipv6`.
+    pub fn list(&self, ipv6: bool) -> Result<Vec<ConntrackEntry>, ConntrackError> {
+        for _ in 0..DUMP_RETRIES {
+            let mut out = Vec::new();
+            let interrupted = self.stream(ipv6, |e| {
+                out.push(e);
+                Ok(())
+            })?;
+            if !interrupted {
+                return Ok(out);
+            }
+        }
+        Err(ConntrackError::Dump("dump interrupted repeatedly".into()))
+    }
+
+    /// Sends the deletes of `batch` (emptied), pipelined; returns how many
+    /// deleted an entry (one gone already is not counted and not an error).
+    fn send_deletes(&self, batch: &mut DeleteBatch) -> Result<usize, ConntrackError> {
+        if batch.is_empty() {
+            return Ok(0);
+        }
+        let (msgs, tuples): (Vec<_>, Vec<_>) = batch.drain(..).unzip();
+        let results = lock(&self.requests).request_pipelined(0, msgs, DELETE_BATCH);
         let mut deleted = 0;
-        for e in self.list(ipv6)?.into_iter().filter(|e| pred(e)) {
-            let msg = ct_message(
-                family_of(&e.orig.src),
-                ConntrackMessage::Delete(delete_attrs(&e)),
-            );
-            match self.lock().request(0, msg) {
-                Ok(_) => deleted += 1,
+        for (result, (orig, reply)) in results.into_iter().zip(tuples) {
+            match result {
+                Ok(()) => deleted += 1,
                 Err(SockError::Kernel { errno, .. }) if errno == libc::ENOENT => {}
                 Err(SockError::Kernel { errno, .. }) => {
                     return Err(ConntrackError::Delete {
-                        entry: render(&e),
+                        entry: render(&orig, &reply),
                         errno,
                     });
                 }
-                Err(e2) => {
+                Err(e) => {
                     return Err(ConntrackError::Delete {
-                        entry: format!("{} ({e2})", render(&e)),
+                        entry: format!("{} ({e})", render(&orig, &reply)),
                         errno: libc::EIO,
                     });
                 }
@@ -289,6 +328,40 @@ impl ConntrackHandle {
         Ok(deleted)
     }
 
+    /// Delete every entry of `ipv6`'s family matching `pred`; returns how many were
+    /// deleted (entries gone in between are not counted and not errors). Streamed:
+    /// the matches of each dumped datagram are deleted in batches of at most
+    /// [`DELETE_BATCH`] as the dump goes.
+    pub fn delete_matching(
+        &self,
+        ipv6: bool,
+        pred: impl Fn(&ConntrackEntry) -> bool,
+    ) -> Result<usize, ConntrackError> {
+        let mut deleted = 0;
+        let mut batch = DeleteBatch::with_capacity(DELETE_BATCH);
+        for _ in 0..DUMP_RETRIES {
+            let interrupted = self.stream(ipv6, |e| {
+                if pred(&e) {
+                    let msg = ct_message(
+                        family_of(&e.orig.src),
+                        ConntrackMessage::Delete(delete_attrs(&e)),
+                    );
+                    batch.push((msg, (e.orig, e.reply)));
+                    if batch.len() >= DELETE_BATCH {
+                        deleted += self.send_deletes(&mut batch)?;
+                    }
+                }
+                Ok(())
+            })?;
+            deleted += self.send_deletes(&mut batch)?;
+            // An interrupted dump may have skipped entries: the next one finds
+            // them (the ones deleted already are gone from it).
+            if !interrupted {
+                return Ok(deleted);
+            }
+        }
+        Err(ConntrackError::Dump("dump interrupted repeatedly".into()))
+    }
     /// Delete entries whose original destination is `orig_dst` (a service VIP)
     /// and, if given, port `dst_port`, for `proto`:
     /// `conntrack -D -p udp --orig-dst VIP [--dport PORT]`.

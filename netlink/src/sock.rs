@@ -347,6 +347,75 @@ impl NlSocket {
         Ok(self.exchange(flags, false, msg)?.0)
     }
 
+    /// A dump (`NLM_F_DUMP`) whose messages go to `each` as their datagram
+    /// arrives, never collected: memory stays one datagram whatever the size of
+    /// the dump (the kernel fills the next one only when it is read). The outer
+    /// error is the socket's; the inner one is the first error of `each`, after
+    /// which the rest of the dump is read and dropped, so the socket stays
+    /// usable. `Ok(Ok(true))`: the kernel flagged the dump as interrupted
+    /// (`NLM_F_DUMP_INTR`); `each` may have missed entries, the caller redoes it.
+    pub(crate) fn dump_each<T, E>(
+        &mut self,
+        msg: T,
+        mut each: impl FnMut(T) -> Result<(), E>,
+    ) -> Result<Result<bool, E>, SockError>
+    where
+        T: NetlinkSerializable + NetlinkDeserializable,
+    {
+        let seq = self.send(NLM_F_DUMP, msg)?;
+        let mut interrupted = false;
+        // The first failure, ours or the caller's; the dump is drained after it.
+        let mut decode_failed = None;
+        let mut failed = None;
+        loop {
+            self.recv_datagram()?;
+            for (header, bytes) in split_datagram(&self.rbuf)? {
+                if header.sequence_number != seq {
+                    continue;
+                }
+                if header.flags & NLM_F_DUMP_INTR != 0 {
+                    interrupted = true;
+                }
+                let payload = match NetlinkMessage::<T>::deserialize(bytes) {
+                    Ok(m) => m.payload,
+                    Err(e) => {
+                        decode_failed.get_or_insert_with(|| {
+                            SockError::Decode(format!(
+                                "message type {} of {} bytes: {e}",
+                                header.message_type,
+                                bytes.len()
+                            ))
+                        });
+                        continue;
+                    }
+                };
+                match payload {
+                    NetlinkPayload::Done(_) => {}
+                    NetlinkPayload::Error(e) => {
+                        let (errno, message) = error_info(header.flags, &e);
+                        if errno != 0 {
+                            return Err(SockError::Kernel { errno, message });
+                        }
+                    }
+                    NetlinkPayload::InnerMessage(inner) => {
+                        if decode_failed.is_none() && failed.is_none() {
+                            failed = each(inner).err();
+                        }
+                        continue;
+                    }
+                    _ => continue,
+                }
+                if let Some(e) = decode_failed {
+                    return Err(e);
+                }
+                return Ok(match failed {
+                    Some(e) => Err(e),
+                    None => Ok(interrupted),
+                });
+            }
+        }
+    }
+
     /// A dump (`NLM_F_DUMP`), retried when the kernel flags it as interrupted.
     pub(crate) fn dump<T>(&mut self, msg: T) -> Result<Vec<T>, SockError>
     where

@@ -25,7 +25,7 @@ use crate::model::{
 };
 use crate::source::ObjectChanges;
 use crate::sync::SyncError;
-use crate::sync::conntrack::{StaleByState, StaleFlow, stale_flows};
+use crate::sync::conntrack::{StaleByState, StaleFlowIndex, stale_flows};
 use crate::sync::ipvs::IpvsSyncError;
 pub use host::{FakeHost, Host, HostError, KernelHost};
 
@@ -431,16 +431,17 @@ impl<M: Mode, H: Host> Driver<M, H> {
             .into_iter()
             .enumerate()
         {
-            let relevant: Vec<&StaleFlow> = flows
-                .iter()
-                .filter(|f| f.is_ipv6().is_none_or(|v6| v6 == ipv6))
-                .collect();
+            let relevant = StaleFlowIndex::new(
+                flows
+                    .iter()
+                    .filter(|f| f.is_ipv6().is_none_or(|v6| v6 == ipv6)),
+            );
             if relevant.is_empty() {
                 continue;
             }
             match self
                 .host
-                .delete_conntrack(ipv6, &|(o, r)| relevant.iter().any(|f| f.matches(o, r)))
+                .delete_conntrack(ipv6, &|(o, r)| relevant.matches(o, r))
             {
                 Ok(n) => deleted[i] = n as u64,
                 Err(e) => tracing::warn!(

@@ -7,7 +7,7 @@
 //! - An endpoint that was serving and no longer is (or is gone): delete flows that a
 //!   service address (or node port) DNATed to it.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::net::IpAddr;
 
 use kube_nlproxy_netlink::conntrack::CtTuple;
@@ -104,6 +104,61 @@ impl StaleFlow {
             StaleFlow::NodePortToEndpoint { endpoint, .. } => Some(endpoint.is_ipv6()),
             StaleFlow::ToNodePort { .. } => None,
         }
+    }
+}
+
+/// [`StaleFlow`]s looked up by a conntrack entry's original destination: one
+/// hash lookup per dumped entry however many flows a sync made stale (a sync
+/// removing 1,000 endpoints would otherwise test each of a million entries
+/// against 1,000 flows).
+#[derive(Debug, Clone, Default)]
+pub struct StaleFlowIndex {
+    /// `(address, port, proto)` → the flows to that service address.
+    to_service: HashMap<(IpAddr, u16, u8), Vec<StaleFlow>>,
+    /// `(port, proto)` → the flows to that node port, any address.
+    to_node_port: HashMap<(u16, u8), Vec<StaleFlow>>,
+}
+
+impl StaleFlowIndex {
+    /// The index of `flows`.
+    pub fn new<'a>(flows: impl IntoIterator<Item = &'a StaleFlow>) -> Self {
+        let mut index = StaleFlowIndex::default();
+        for f in flows {
+            match *f {
+                StaleFlow::ToService {
+                    addr, port, proto, ..
+                }
+                | StaleFlow::ServiceToEndpoint {
+                    addr, port, proto, ..
+                } => index
+                    .to_service
+                    .entry((addr, port, proto))
+                    .or_default()
+                    .push(f.clone()),
+                StaleFlow::ToNodePort { port, proto }
+                | StaleFlow::NodePortToEndpoint { port, proto, .. } => index
+                    .to_node_port
+                    .entry((port, proto))
+                    .or_default()
+                    .push(f.clone()),
+            }
+        }
+        index
+    }
+
+    /// Whether there is no flow.
+    pub fn is_empty(&self) -> bool {
+        self.to_service.is_empty() && self.to_node_port.is_empty()
+    }
+
+    /// Whether the entry `orig`/`reply` is one of the flows: the same answer as
+    /// [`StaleFlow::matches`] over all of them.
+    pub fn matches(&self, orig: &CtTuple, reply: &CtTuple) -> bool {
+        let any = |flows: Option<&Vec<StaleFlow>>| {
+            flows.is_some_and(|fs| fs.iter().any(|f| f.matches(orig, reply)))
+        };
+        any(self.to_service.get(&(orig.dst, orig.dport, orig.proto)))
+            || any(self.to_node_port.get(&(orig.dport, orig.proto)))
     }
 }
 
@@ -401,5 +456,73 @@ mod tests {
         assert!(!st.matches(&other, &tuple("10.244.1.3", 5353, "10.244.1.9", 4000)));
         // TCP services are never looked at.
         assert!(StaleByState::new(&state(Protocol::Tcp, &["10.244.1.2"])).is_empty());
+    }
+    #[test]
+    fn the_index_answers_as_the_flows_do() {
+        let v4 = |a: u8, b: u8| IpAddr::from([10, a, 0, b]);
+        let mut flows = Vec::new();
+        for i in 1..4u8 {
+            flows.push(StaleFlow::ToService {
+                addr: v4(96, i),
+                port: 53,
+                proto: 17,
+            });
+            flows.push(StaleFlow::ServiceToEndpoint {
+                addr: v4(96, i + 10),
+                port: 53,
+                endpoint: v4(128, i),
+                endpoint_port: 5353,
+                proto: 17,
+            });
+            flows.push(StaleFlow::NodePortToEndpoint {
+                port: 30000 + u16::from(i),
+                endpoint: v4(128, i),
+                endpoint_port: 5353,
+                proto: 132,
+            });
+        }
+        flows.push(StaleFlow::ToNodePort {
+            port: 30100,
+            proto: 17,
+        });
+        let index = StaleFlowIndex::new(&flows);
+        assert!(!index.is_empty());
+        assert!(StaleFlowIndex::new(&[]).is_empty());
+        // Every combination of a few addresses, ports and protocols.
+        let addrs: Vec<IpAddr> = (0..16u8)
+            .flat_map(|b| [v4(96, b), v4(128, b)])
+            .chain([v4(77, 1)])
+            .collect();
+        let ports = [53, 5353, 30001, 30002, 30100, 4000];
+        let (mut seen, mut hits) = (0, 0);
+        for &dst in &addrs {
+            for &dport in &ports {
+                for proto in [6, 17, 132] {
+                    for &rsrc in &addrs {
+                        for sport in [5353, 53] {
+                            let orig = CtTuple {
+                                src: v4(192, 1),
+                                dst,
+                                proto,
+                                sport: 4000,
+                                dport,
+                            };
+                            let reply = CtTuple {
+                                src: rsrc,
+                                dst: v4(192, 1),
+                                proto,
+                                sport,
+                                dport: 4000,
+                            };
+                            let linear = flows.iter().any(|f| f.matches(&orig, &reply));
+                            assert_eq!(index.matches(&orig, &reply), linear, "{orig:?} {reply:?}");
+                            seen += 1;
+                            hits += usize::from(linear);
+                        }
+                    }
+                }
+            }
+        }
+        assert!(hits > 0 && hits < seen, "{hits} of {seen}");
     }
 }
