@@ -1,15 +1,26 @@
-//! Untrusted text: the file source's manifest parser and the
+//! Untrusted input: the file source's manifest parser and the
 //! `KubeProxyConfiguration` parser get arbitrary text and mutated corpus seeds
 //! (`fuzz/corpus/file_manifest/`, `fuzz/corpus/kube_proxy_config/`: valid
 //! manifests and the malformed kinds of `tests/bad_input.rs`) and must not
-//! panic. The same seeds feed the `cargo fuzz` targets of the same names.
+//! panic; `/proc/net/ip_vs_conn` lines (`fuzz/corpus/ip_vs_conn/`) and the model
+//! build from decoded objects (`fuzz/corpus/model_build/`, with values replaced
+//! anywhere in the object tree) keep the properties their fuzz targets check.
+//! The same seeds feed the `cargo fuzz` targets of the same names.
 
 use std::path::PathBuf;
 
+use std::io::BufRead;
+use std::net::IpAddr;
+
 use kube_nlproxy::config::{Config, file::apply};
+use kube_nlproxy::model::{BuildOptions, build};
+use kube_nlproxy::source::Objects;
 use kube_nlproxy::source::file::parse_manifests;
+use kube_nlproxy::sync::ipvs::templates::{parse_template, templates_of};
 use kube_nlproxy_netlink::fuzzing::{self, Mutation};
 use proptest::prelude::*;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
 
 fn seeds(target: &str) -> Vec<Vec<u8>> {
     fuzzing::seeds(
@@ -45,6 +56,136 @@ fn every_seed_parses_and_the_good_ones_load() {
     )
     .unwrap();
     assert!(apply(&full, Config::default()).is_ok());
+}
+
+/// `/proc/net/ip_vs_conn` text as `read_templates_of` reads it: every template
+/// found has a known protocol, and `templates_of` finds for a client exactly what
+/// `parse_template` finds line by line. Returns the templates of that client.
+fn check_ip_vs_conn(data: &[u8]) -> usize {
+    let mut by_line = Vec::new();
+    for line in data.lines().map_while(Result::ok) {
+        if let Some(t) = parse_template(&line) {
+            assert!(matches!(t.proto, 6 | 17 | 132), "{line:?} → {t:?}");
+            by_line.push(t);
+        }
+    }
+    let client: IpAddr = by_line
+        .first()
+        .map_or_else(|| "192.0.2.1".parse().unwrap(), |t| t.client);
+    let found = templates_of(client, data);
+    let expected: Vec<_> = by_line.into_iter().filter(|t| t.client == client).collect();
+    assert_eq!(found, expected);
+    found.len()
+}
+
+/// The elements of `doc[key]` that decode as `K` (the rest dropped, as the
+/// lenient decoders do).
+fn decoded<K: DeserializeOwned>(doc: &Value, key: &str) -> Vec<K> {
+    doc.get(key)
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|v| serde_json::from_value(v.clone()).ok())
+        .collect()
+}
+
+/// The model build from `doc`: no panic, every warning names its object and
+/// field, the build is deterministic. Returns the services built and the warnings.
+fn check_model_build(doc: &Value) -> (usize, usize) {
+    let objects = Objects {
+        services: decoded(doc, "services"),
+        endpoint_slices: decoded(doc, "endpointSlices"),
+        nodes: decoded(doc, "nodes"),
+        service_cidrs: decoded(doc, "serviceCIDRs"),
+    };
+    let opts = BuildOptions {
+        node_name: "node-a".into(),
+        ..Default::default()
+    };
+    let (state, warnings) = build(&objects, &opts);
+    for w in &warnings {
+        assert!(!w.object.is_empty() && !w.field.is_empty(), "{w:?}");
+    }
+    let (again, _) = build(&objects, &opts);
+    assert_eq!(state, again, "the build is deterministic");
+    (state.services.len(), warnings.len())
+}
+
+fn json_seeds() -> Vec<Value> {
+    seeds("model_build")
+        .iter()
+        .map(|s| serde_json::from_slice(s).expect("model_build seeds are JSON"))
+        .collect()
+}
+
+#[test]
+fn ip_vs_conn_and_model_build_seeds_hold() {
+    let templates: usize = seeds("ip_vs_conn")
+        .iter()
+        .map(|s| check_ip_vs_conn(s))
+        .sum();
+    assert!(templates > 0, "the ip_vs_conn corpus holds templates");
+    let good = json_seeds();
+    assert!(!good.is_empty());
+    let built: Vec<(usize, usize)> = good.iter().map(check_model_build).collect();
+    assert!(
+        built
+            .iter()
+            .any(|&(services, warnings)| services > 0 && warnings == 0),
+        "the model_build corpus holds a clean document: {built:?}"
+    );
+}
+
+/// Values a decoded object may hold that a well-formed one would not.
+fn odd_value() -> impl Strategy<Value = Value> {
+    prop_oneof![
+        Just(Value::Null),
+        Just(serde_json::json!(-1)),
+        Just(serde_json::json!(0)),
+        Just(serde_json::json!(65536)),
+        Just(serde_json::json!(i64::MAX)),
+        Just(serde_json::json!("")),
+        Just(serde_json::json!("::1")),
+        Just(serde_json::json!("10.0.0.0/8")),
+        Just(serde_json::json!("SCTP")),
+        Just(serde_json::json!("Local")),
+        Just(serde_json::json!("IPv6")),
+        Just(serde_json::json!(true)),
+        Just(serde_json::json!([])),
+        Just(serde_json::json!({})),
+        "[ -~]{0,12}".prop_map(Value::String),
+    ]
+}
+
+/// Replaces the `n`th node (pre-order, modulo the count) of `doc` by `with`.
+fn replace_nth(doc: &mut Value, n: usize, with: Value) {
+    fn count(v: &Value) -> usize {
+        1 + match v {
+            Value::Array(a) => a.iter().map(count).sum(),
+            Value::Object(o) => o.values().map(count).sum(),
+            _ => 0,
+        }
+    }
+    fn walk(v: &mut Value, n: &mut usize, with: &mut Option<Value>) {
+        if *n == 0 {
+            *v = with.take().unwrap_or(Value::Null);
+            return;
+        }
+        *n -= 1;
+        let children: Vec<&mut Value> = match v {
+            Value::Array(a) => a.iter_mut().collect(),
+            Value::Object(o) => o.values_mut().collect(),
+            _ => Vec::new(),
+        };
+        for c in children {
+            if with.is_none() {
+                return;
+            }
+            walk(c, n, with);
+        }
+    }
+    let mut n = n % count(doc);
+    walk(doc, &mut n, &mut Some(with));
 }
 
 /// Mutations that keep YAML-ish text: flips and byte overwrites hit structure
@@ -95,5 +236,27 @@ proptest! {
     #[test]
     fn arbitrary_text_does_not_panic(text in "(?s).{0,200}") {
         parse_both(text.as_bytes());
+    }
+
+    #[test]
+    fn mutated_ip_vs_conn_lines_hold(
+        seed in any::<usize>(),
+        mutations in proptest::collection::vec(mutation(), 1..6),
+    ) {
+        let seeds = seeds("ip_vs_conn");
+        check_ip_vs_conn(&fuzzing::mutate(&seeds[seed % seeds.len()], &seeds, &mutations));
+    }
+
+    #[test]
+    fn model_build_with_odd_values_holds(
+        seed in any::<usize>(),
+        edits in proptest::collection::vec((any::<usize>(), odd_value()), 1..8),
+    ) {
+        let seeds = json_seeds();
+        let mut doc = seeds[seed % seeds.len()].clone();
+        for (at, with) in edits {
+            replace_nth(&mut doc, at, with);
+        }
+        check_model_build(&doc);
     }
 }

@@ -24,19 +24,40 @@ fn every_seed_parses() {
     }
 }
 
+/// The corpora of the main crate's parsers (YAML manifests, the config file,
+/// `/proc/net/ip_vs_conn`, the model build), tested in its `tests/arbitrary_input.rs`.
+const MAIN_CRATE_CORPORA: [&str; 4] = [
+    "file_manifest",
+    "ip_vs_conn",
+    "kube_proxy_config",
+    "model_build",
+];
+
 /// Every fuzz target has a corpus directory and every corpus directory a target
-/// (the YAML ones are tested in the main crate's `tests/arbitrary_input.rs`).
+/// (here or in the main crate).
 #[test]
 fn targets_and_corpus_match() {
     let mut dirs: Vec<String> = std::fs::read_dir(corpus())
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .filter(|n| n != "file_manifest" && n != "kube_proxy_config")
+        .filter(|n| !MAIN_CRATE_CORPORA.contains(&n.as_str()))
         .collect();
     dirs.sort();
     let mut names: Vec<String> = TARGETS.iter().map(|(n, _)| n.to_string()).collect();
     names.sort();
     assert_eq!(dirs, names);
+    // Every `cargo fuzz` target, of either crate, has its corpus.
+    let fuzz_targets = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fuzz/fuzz_targets");
+    let mut targets: Vec<String> = std::fs::read_dir(fuzz_targets)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter_map(|n| n.strip_suffix(".rs").map(str::to_string))
+        .collect();
+    targets.sort();
+    let mut all = names;
+    all.extend(MAIN_CRATE_CORPORA.iter().map(|n| n.to_string()));
+    all.sort();
+    assert_eq!(targets, all);
 }
 
 fn mutation() -> impl Strategy<Value = Mutation> {
