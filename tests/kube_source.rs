@@ -784,6 +784,49 @@ fn fake_server_paged_lists() {
     );
 }
 
+/// The rate limit counts a paged list once: with 5 tokens and one more every
+/// 100 s, the discovery request and the four first pages take the five, and the
+/// four later pages of the Service and EndpointSlice lists (1200 objects, pages
+/// of 500) go at once. Were every page a request, the first sync would wait for
+/// four more tokens, 400 s.
+#[tokio::test]
+async fn a_paged_list_takes_one_token_of_the_rate_limit() {
+    const COUNT: usize = 1200;
+    let server = FakeApiServer::start();
+    server.create(node(NODE, "10.77.0.1"));
+    for i in 0..COUNT {
+        let name = format!("svc-{i:04}");
+        let ip = format!("10.96.{}.{}", i / 250, i % 250 + 1);
+        server.create(service(&name, &ip));
+        server.create(slice(&format!("{name}-1"), &name, "10.244.1.5"));
+    }
+    let path = kubeconfig_path(&server, "rate-pages");
+    let cfg = KubeSourceConfig {
+        kubeconfig: Some(path.clone()),
+        master: None,
+        node_name: NODE.into(),
+        qps: 0.01,
+        burst: 5,
+    };
+    let client = client(&cfg).await.expect("client");
+    let _ = std::fs::remove_file(path);
+    let source = KubeSource::start(client, NODE).await.expect("start");
+    let mut rx = source.subscribe();
+    wait_generation(&mut rx, "the initial lists, paged, under the rate limit", |g| g > 0).await;
+    let snap = source.snapshot();
+    assert_eq!(snap.services.len(), COUNT);
+    assert_eq!(snap.endpoint_slices.len(), COUNT);
+    let requests = server.requests();
+    let continued = |resource| {
+        requests
+            .iter()
+            .filter(|r| r.resource() == Some(resource) && r.param("continue").is_some())
+            .count()
+    };
+    assert_eq!(continued(Resource::Services), 2, "1200 in pages of 500");
+    assert_eq!(continued(Resource::EndpointSlices), 2);
+}
+
 /// More objects than the watcher's page (500): the initial lists are paged, and the
 /// source still gets every object, then the changes after the list.
 #[tokio::test]

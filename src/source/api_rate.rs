@@ -7,17 +7,26 @@
 //! means the default (5), a burst of 0 the default (10), and a negative qps no
 //! limit at all.
 //!
-//! The limit is a [`Layer`] on kube's client stack. `kube::Client` drives its
-//! stack through a buffer, which asks `poll_ready` before each `call`: the layer
-//! waits there for its token, so waiting requests queue in order and none is
-//! dropped.
+//! One list is one request, however many pages it comes in: a request that
+//! continues a paged list (`continue=` in its query) takes no token. kube-proxy's
+//! informers list at `resourceVersion=0`, which the API server answers from its
+//! watch cache in one response whatever the `limit`; our watchers read a
+//! consistent list in pages of 500 (so the objects stream into the model instead
+//! of being held as one decoded list), and at the default 5 per second a token per
+//! page would hold a 44k-Service first list back for half a minute.
+//!
+//! The limit is a [`Layer`] on kube's client stack. A request's future waits for
+//! its token before it polls the inner service's future (which, in kube's
+//! stack, sends nothing until polled): the layer sees the request, so it can
+//! tell a continued page from a new request.
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tokio::time::{Instant, Sleep};
+use tokio::time::Instant;
 use tower_layer::Layer;
 use tower_service::Service;
 
@@ -99,21 +108,20 @@ impl<S> Layer<S> for RateLimitLayer {
     fn layer(&self, inner: S) -> Self::Service {
         RateLimited {
             inner,
-            bucket: TokenBucket::new(self.qps, self.burst, Instant::now()),
-            wait: None,
-            holds_token: false,
+            bucket: Arc::new(Mutex::new(TokenBucket::new(
+                self.qps,
+                self.burst,
+                Instant::now(),
+            ))),
         }
     }
 }
 
-/// A service that is ready only when the token bucket gives a token.
+/// A service whose requests wait for a token of the bucket, but for the later
+/// pages of a paged list.
 pub struct RateLimited<S> {
     inner: S,
-    bucket: TokenBucket,
-    /// The wait for the next token, while there is none.
-    wait: Option<Pin<Box<Sleep>>>,
-    /// A token was taken for the next `call`.
-    holds_token: bool,
+    bucket: Arc<Mutex<TokenBucket>>,
 }
 
 impl<S: std::fmt::Debug> std::fmt::Debug for RateLimited<S> {
@@ -121,40 +129,56 @@ impl<S: std::fmt::Debug> std::fmt::Debug for RateLimited<S> {
         f.debug_struct("RateLimited")
             .field("inner", &self.inner)
             .field("bucket", &self.bucket)
-            .field("holds_token", &self.holds_token)
             .finish()
     }
 }
 
-impl<S, R> Service<R> for RateLimited<S>
+/// Whether `uri` asks for a later page of a paged list (a non-empty `continue`).
+pub fn continues_a_list(uri: &http::Uri) -> bool {
+    uri.query().is_some_and(|q| {
+        q.split('&')
+            .any(|pair| pair.strip_prefix("continue=").is_some_and(|t| !t.is_empty()))
+    })
+}
+
+/// Waits until `bucket` gives a token.
+async fn token(bucket: Arc<Mutex<TokenBucket>>) {
+    loop {
+        let taken = bucket
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take(Instant::now());
+        match taken {
+            Ok(()) => return,
+            Err(delay) => tokio::time::sleep(delay).await,
+        }
+    }
+}
+
+impl<S, B> Service<http::Request<B>> for RateLimited<S>
 where
-    S: Service<R>,
+    S: Service<http::Request<B>>,
+    S::Future: Send + 'static,
 {
     type Response = S::Response;
     type Error = S::Error;
-    type Future = S::Future;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, S::Error>> + Send>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        while !self.holds_token {
-            if let Some(wait) = self.wait.as_mut() {
-                if wait.as_mut().poll(cx).is_pending() {
-                    return Poll::Pending;
-                }
-                self.wait = None;
-            }
-            match self.bucket.take(Instant::now()) {
-                Ok(()) => self.holds_token = true,
-                Err(delay) => self.wait = Some(Box::pin(tokio::time::sleep(delay))),
-            }
-        }
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: R) -> Self::Future {
-        // A call without poll_ready is the caller's bug; tower's contract
-        // lets us serve it (the inner service decides) without a token.
-        self.holds_token = false;
-        self.inner.call(req)
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let free = continues_a_list(req.uri());
+        let response = self.inner.call(req);
+        if free {
+            return Box::pin(response);
+        }
+        let bucket = self.bucket.clone();
+        Box::pin(async move {
+            token(bucket).await;
+            response.await
+        })
     }
 }
 
@@ -190,42 +214,46 @@ mod tests {
         assert!(limit_of(-1.0, 10).is_none());
     }
 
-    /// Counts calls; always ready.
+    /// Counts calls and the requests answered; always ready.
     #[derive(Clone, Default)]
     struct Counter(std::sync::Arc<std::sync::atomic::AtomicUsize>);
 
-    impl Service<()> for Counter {
+    impl Service<http::Request<()>> for Counter {
         type Response = ();
         type Error = std::convert::Infallible;
         type Future = std::future::Ready<Result<(), Self::Error>>;
         fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
             Poll::Ready(Ok(()))
         }
-        fn call(&mut self, _: ()) -> Self::Future {
+        fn call(&mut self, _: http::Request<()>) -> Self::Future {
             self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             std::future::ready(Ok(()))
         }
     }
 
-    /// Drives `poll_ready` then `call`, as kube's buffer does.
-    async fn request(svc: &mut RateLimited<Counter>) {
+    /// Drives `poll_ready` then `call`, as kube's buffer does, then the response.
+    async fn request(svc: &mut RateLimited<Counter>, uri: &str) {
         std::future::poll_fn(|cx| svc.poll_ready(cx)).await.unwrap();
-        svc.call(()).await.unwrap();
+        let req = http::Request::builder().uri(uri).body(()).unwrap();
+        svc.call(req).await.unwrap();
+    }
+
+    fn paused_runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap()
     }
 
     #[test]
     fn requests_beyond_the_burst_wait_for_their_token() {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .unwrap();
-        rt.block_on(async {
+        paused_runtime().block_on(async {
             let counter = Counter::default();
             let mut svc = limit_of(4.0, 2).unwrap().layer(counter.clone());
             let start = Instant::now();
             for _ in 0..10 {
-                request(&mut svc).await;
+                request(&mut svc, "/api/v1/services?limit=500").await;
             }
             // 2 at once, then 8 at 4/s: 2 s of (paused, virtual) time.
             assert_eq!(counter.0.load(std::sync::atomic::Ordering::SeqCst), 10);
@@ -235,5 +263,44 @@ mod tests {
                 "{took:?}"
             );
         });
+    }
+
+    /// A list of 200 pages costs one token: its first page's. A watch and a new
+    /// list after it still wait for theirs.
+    #[test]
+    fn the_pages_of_one_list_take_one_token() {
+        paused_runtime().block_on(async {
+            let counter = Counter::default();
+            let mut svc = limit_of(1.0, 1).unwrap().layer(counter.clone());
+            let start = Instant::now();
+            request(&mut svc, "/api/v1/services?limit=500").await;
+            for page in 1..200 {
+                request(
+                    &mut svc,
+                    &format!("/api/v1/services?limit=500&continue=eyJydiI6{page}"),
+                )
+                .await;
+            }
+            assert_eq!(start.elapsed(), Duration::ZERO, "the pages did not wait");
+            request(&mut svc, "/api/v1/services?watch=true&resourceVersion=7").await;
+            request(&mut svc, "/api/v1/services?limit=500&continue=").await;
+            assert_eq!(counter.0.load(std::sync::atomic::Ordering::SeqCst), 202);
+            let took = start.elapsed();
+            assert!(
+                took >= Duration::from_secs(2) && took < Duration::from_millis(2050),
+                "the watch and the next list waited a second each: {took:?}"
+            );
+        });
+    }
+
+    #[test]
+    fn a_continued_page_is_told_by_its_query() {
+        let continues = |u: &str| continues_a_list(&u.parse().unwrap());
+        assert!(continues("/api/v1/services?limit=500&continue=abc"));
+        assert!(continues("/api/v1/services?continue=abc&limit=500"));
+        assert!(!continues("/api/v1/services?limit=500&continue="));
+        assert!(!continues("/api/v1/services?limit=500"));
+        assert!(!continues("/api/v1/services?labelSelector=continue%3Dx"));
+        assert!(!continues("/api/v1/services"));
     }
 }
