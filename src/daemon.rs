@@ -269,6 +269,10 @@ impl<M: Mode, H: Host> Daemon<'_, M, H> {
                 ops = ?synced.report.ops,
                 full = synced.report.full,
                 changed = synced.changed.len(),
+                model = ?synced.phases.model,
+                render = ?synced.phases.render,
+                commit = ?synced.phases.commit,
+                conntrack = ?synced.phases.conntrack,
                 "sync: committed"
             );
         }
@@ -729,6 +733,7 @@ pub async fn run<M: Mode, H: Host>(
     // must never be programmed over a working one.
     // Objects a source hands over meanwhile (a streamed first list) go to the
     // model at once, so they are never all held as API objects.
+    let waiting = Instant::now();
     while *changes.borrow_and_update() == 0 {
         tokio::select! {
             r = changes.changed() => {
@@ -744,6 +749,11 @@ pub async fn run<M: Mode, H: Host>(
             _ = &mut terminate => return Ok(()),
         }
     }
+    tracing::info!(
+        waited = ?waiting.elapsed(),
+        absorbed_service_ports = daemon.driver.state().services.len(),
+        "source: initial state in; first sync next"
+    );
     let mut runner = BoundedFrequencyRunner::new(
         cfg.min_sync_period,
         cfg.sync_period,

@@ -13,7 +13,7 @@ pub mod plan;
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ipnet::IpNet;
 use kube_nlproxy_netlink::addr::InterfaceAddress;
@@ -141,6 +141,24 @@ pub struct Synced {
     pub report: SyncReport,
     /// Stale UDP/SCTP conntrack entries deleted, IPv4 and IPv6.
     pub conntrack_deleted: [u64; 2],
+    /// Where the sync's time went.
+    pub phases: SyncPhases,
+}
+
+/// The wall-clock time of each phase of one [`Driver::sync_once`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SyncPhases {
+    /// The model update and the node's flags resolved against its addresses
+    /// (a first sync's objects mostly went into the model earlier, as the
+    /// lists streamed).
+    pub model: Duration,
+    /// The desired dataplane of what changed: the mode's render.
+    pub render: Duration,
+    /// The mode's sync: the diff against what the kernel holds, the netlink
+    /// encoding and the kernel's commit (a full sync's read-back included).
+    pub commit: Duration,
+    /// Stale conntrack entries found and deleted.
+    pub conntrack: Duration,
 }
 
 /// The sync engine: the model, kept object by object; the mode; the node.
@@ -219,6 +237,16 @@ impl<M: Mode, H: Host> Driver<M, H> {
     /// Applies `changes` to the model and renders the mode's desired state
     /// (only what changed, unless the node did). Sends nothing.
     pub fn prepare(&mut self, changes: ObjectChanges) -> Result<ModelUpdate, DriverError> {
+        self.prepare_timed(changes, &mut SyncPhases::default())
+    }
+
+    /// [`prepare`](Self::prepare), timing the model update and the render.
+    fn prepare_timed(
+        &mut self,
+        changes: ObjectChanges,
+        phases: &mut SyncPhases,
+    ) -> Result<ModelUpdate, DriverError> {
+        let started = Instant::now();
         let update = self.tracker.apply(changes);
         for w in &update.new_warnings {
             tracing::warn!("skipped: {w}");
@@ -236,7 +264,11 @@ impl<M: Mode, H: Host> Driver<M, H> {
         };
         let node_changed = update.node_changed || self.node.as_ref() != Some(&node);
         let changed = (!node_changed && self.synced).then_some(update.changed.as_slice());
-        if let Err(source) = self.mode.desired(self.tracker.state(), &node, changed) {
+        let rendering = Instant::now();
+        phases.model = rendering - started;
+        let rendered = self.mode.desired(self.tracker.state(), &node, changed);
+        phases.render = rendering.elapsed();
+        if let Err(source) = rendered {
             self.pending = Some(update);
             return Err(self.mode_error(source));
         }
@@ -287,7 +319,9 @@ impl<M: Mode, H: Host> Driver<M, H> {
     /// stale are deleted. On failure nothing is lost: the next call syncs these
     /// changes too, reading the kernel back.
     pub fn sync_once(&mut self, changes: ObjectChanges) -> Result<Synced, DriverError> {
-        let update = self.prepare(changes)?;
+        let mut phases = SyncPhases::default();
+        let update = self.prepare_timed(changes, &mut phases)?;
+        let committing = Instant::now();
         let report = match self.mode.sync() {
             Ok(report) => report,
             Err(source) => {
@@ -298,12 +332,16 @@ impl<M: Mode, H: Host> Driver<M, H> {
         };
         let first = !self.synced;
         self.synced = true;
+        let cleaning = Instant::now();
+        phases.commit = cleaning - committing;
         let conntrack_deleted = self.clear_stale_conntrack(&update, first);
+        phases.conntrack = cleaning.elapsed();
         Ok(Synced {
             changed: update.changed,
             node_changed: update.node_changed,
             report,
             conntrack_deleted,
+            phases,
         })
     }
 
