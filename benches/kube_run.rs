@@ -5,6 +5,10 @@
 //! seen by polling the nf_tables generation id from the node namespace,
 //! 100 µs apart). No assertion on any time.
 //!
+//! The cold start's wall-clock time is split from the daemon's log: process
+//! start → the source's initial state in (the lists streamed into the model),
+//! then the first sync's model, render and commit phases (`sync: committed`).
+//!
 //! Then, with real TCP from a pod namespace (`--connects C` rounds, default
 //! 20): a Service added with its EndpointSlice, and an endpoint of it moved to
 //! another pod, each timed from the API write to the first connection answered
@@ -14,21 +18,28 @@
 //!
 //!   cargo bench --bench kube_run -- [N]... [--changes K] [--connects C]
 //!
-//! `KUBE_NLPROXY_BIN=PATH` runs that binary instead of cargo's, e.g. the shipped
+//! `KNP_BENCH_PROXY_ARGS="--kube-api-qps 50"` adds flags to the daemon's command
+//! line. `KUBE_NLPROXY_BIN=PATH` runs that binary instead of cargo's, e.g. the shipped
 //! build: `cargo build --profile dist --bin kube-nlproxy` then
 //! `KUBE_NLPROXY_BIN=target/dist/kube-nlproxy`.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
 
-use std::time::{Duration, Instant};
+use std::net::Ipv4Addr;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::apiserver::FakeApiServer;
 use common::{Proxy, Topo, Where, status_kb, unique};
 use serde_json::{Value, json};
 
+/// The `i`th address after `base` (10.x.0.1 + i: 100k Services fit in a /15).
+fn nth(base: [u8; 4], i: usize) -> String {
+    Ipv4Addr::from(u32::from(Ipv4Addr::from(base)) + 1 + i as u32).to_string()
+}
+
 fn service(i: usize) -> Value {
-    let ip = format!("10.96.{}.{}", i / 250, 1 + i % 250);
+    let ip = nth([10, 96, 0, 0], i);
     json!({
         "apiVersion": "v1", "kind": "Service",
         "metadata": {"name": format!("s{i}"), "namespace": "bench"},
@@ -45,7 +56,7 @@ fn slice(i: usize, second: &str) -> Value {
         "addressType": "IPv4",
         "ports": [{"name": "p", "port": 8080, "protocol": "TCP"}],
         "endpoints": [
-            {"addresses": [format!("10.64.{}.{}", i / 250, 1 + i % 250)], "conditions": {"ready": true}},
+            {"addresses": [nth([10, 128, 0, 0], i)], "conditions": {"ready": true}},
             {"addresses": [second], "conditions": {"ready": true}}
         ]
     })
@@ -72,8 +83,9 @@ fn ms(d: Duration) -> String {
     format!("{:.2} ms", d.as_secs_f64() * 1e3)
 }
 
-/// One scale: prints the row of the main table; returns the connect rounds' row.
-fn run(n: usize, changes: usize, rounds: usize) -> Option<String> {
+/// One scale: prints the row of the main table; returns the cold start's row
+/// and the connect rounds' row.
+fn run(n: usize, changes: usize, rounds: usize) -> (String, Option<String>) {
     let mut t = Topo::new();
     t.add_pod("client", Where::Local);
     t.add_pod("a", Where::Local);
@@ -81,15 +93,18 @@ fn run(n: usize, changes: usize, rounds: usize) -> Option<String> {
     let api = FakeApiServer::start_in_netns(&t.node);
     for i in 0..n {
         api.create(service(i));
-        api.create(slice(i, &format!("10.65.{}.{}", i / 250, 1 + i % 250)));
+        api.create(slice(i, &nth([10, 160, 0, 0], i)));
     }
     let kubeconfig = std::env::temp_dir().join(format!("{}.kubeconfig", unique("knp-bench")));
     api.write_kubeconfig(&kubeconfig);
     // Syncs as soon as a change arrives (the default 1 s minimum between
     // syncs would measure the rate limit, not the proxy).
+    let extra = std::env::var("KNP_BENCH_PROXY_ARGS").unwrap_or_default();
+    let mut args = vec!["--min-sync-period", "0s"];
+    args.extend(extra.split_whitespace());
     let mut proxy = Proxy::new(&t, common::proxy_bin())
         .with_kube_source(&kubeconfig)
-        .with_args(&["--min-sync-period", "0s"]);
+        .with_args(&args);
     let node = t.node.clone();
     let generation = move || {
         common::in_ns(&node, || {
@@ -99,7 +114,7 @@ fn run(n: usize, changes: usize, rounds: usize) -> Option<String> {
         })
     };
     let g0 = generation();
-    let started = Instant::now();
+    let started_at = SystemTime::now();
     // KNP_BENCH_WRAPPER="heaptrack -o /tmp/knp" profiles the daemon (RSS and
     // CPU figures then include the wrapper's cost).
     match std::env::var("KNP_BENCH_WRAPPER") {
@@ -113,9 +128,10 @@ fn run(n: usize, changes: usize, rounds: usize) -> Option<String> {
         proxy.log().contains("sync: committed")
     });
     assert!(programmed, "never programmed; log:\n{}", proxy.log());
-    let initial = started.elapsed();
     assert!(generation() != g0);
     let rss_initial = status_kb(pid, "VmHWM:");
+    let phases = StartPhases::from_log(&proxy.log(), started_at);
+    let initial = phases.programmed;
 
     // One endpoint moved per change; the commit is seen as a new generation.
     let node = t.node.clone();
@@ -125,7 +141,7 @@ fn run(n: usize, changes: usize, rounds: usize) -> Option<String> {
         let i = (k * 7919) % n;
         let before = generation();
         let wrote = Instant::now();
-        api.update(slice(i, &format!("10.99.{}.{}", k / 250, 1 + k % 250)));
+        api.update(slice(i, &nth([10, 200, 0, 0], k)));
         let node = node.clone();
         let seen = common::in_ns(&node, move || {
             let mut s = kube_nlproxy_netlink::nft::NftSocket::new().unwrap();
@@ -160,7 +176,103 @@ fn run(n: usize, changes: usize, rounds: usize) -> Option<String> {
     let connected = (rounds > 0).then(|| connects(n, &t, &api, rounds));
     proxy.stop();
     let _ = std::fs::remove_file(&kubeconfig);
-    connected
+    (phases.row(n), connected)
+}
+
+/// Where the cold start's wall-clock time went, from the daemon's log: its
+/// lines' timestamps and the phases of the first `sync: committed` line.
+struct StartPhases {
+    /// Process start → first commit logged (the table's "initial programming").
+    programmed: Duration,
+    /// Process start → the source's initial state in (client, discovery and the
+    /// lists, streamed into the model as they arrive).
+    lists: Duration,
+    model: Duration,
+    render: Duration,
+    commit: Duration,
+    /// The whole first sync, as the daemon timed it.
+    sync: Duration,
+}
+
+impl StartPhases {
+    fn from_log(log: &str, started_at: SystemTime) -> StartPhases {
+        let line = |msg: &str| {
+            log.lines()
+                .find(|l| l.contains(msg))
+                .unwrap_or_else(|| panic!("no {msg:?} line in the log:\n{log}"))
+        };
+        let committed = line("\"sync: committed\"");
+        let ready = line("\"source: initial state in; first sync next\"");
+        let start = time_of_day(started_at);
+        let after_start = |l: &str| {
+            let t = log_time_of_day(l).expect("a klog header");
+            Duration::from_secs_f64((t - start).rem_euclid(86_400.0))
+        };
+        let field = |key: &str| {
+            log_duration(committed, key).unwrap_or_else(|| panic!("no {key} in {committed}"))
+        };
+        StartPhases {
+            programmed: after_start(committed),
+            lists: after_start(ready),
+            model: field("model"),
+            render: field("render"),
+            commit: field("commit"),
+            sync: field("elapsed"),
+        }
+    }
+
+    /// One row of the cold-start table.
+    fn row(&self, n: usize) -> String {
+        let s = |d: Duration| format!("{:.3} s", d.as_secs_f64());
+        let rest = self.programmed.saturating_sub(self.lists + self.sync);
+        format!(
+            "| {n} × 2 | {} | {} | {} | {} | {} | {} | {} |",
+            s(self.lists),
+            s(self.model),
+            s(self.render),
+            s(self.commit),
+            s(self.sync),
+            s(rest),
+            s(self.programmed),
+        )
+    }
+}
+
+/// Seconds since midnight UTC.
+fn time_of_day(t: SystemTime) -> f64 {
+    t.duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64()
+        % 86_400.0
+}
+
+/// The time of day of a klog text line (`I1203 12:34:56.789012 ...`).
+fn log_time_of_day(line: &str) -> Option<f64> {
+    let hms = line.split_whitespace().nth(1)?;
+    let mut parts = hms.split(':');
+    let h: f64 = parts.next()?.parse().ok()?;
+    let m: f64 = parts.next()?.parse().ok()?;
+    let s: f64 = parts.next()?.parse().ok()?;
+    Some(h * 3600.0 + m * 60.0 + s)
+}
+
+/// A `key=1.2ms` (Rust `Debug` of a `Duration`, quoted or not) of a log line.
+fn log_duration(line: &str, key: &str) -> Option<Duration> {
+    let value = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix(&format!("{key}=")))?
+        .trim_matches('"');
+    let split = value.find(|c: char| c.is_alphabetic() || c == 'µ')?;
+    let (number, unit) = value.split_at(split);
+    let number: f64 = number.parse().ok()?;
+    let seconds = match unit {
+        "s" => number,
+        "ms" => number / 1e3,
+        "µs" | "us" => number / 1e6,
+        "ns" => number / 1e9,
+        _ => return None,
+    };
+    Some(Duration::from_secs_f64(seconds))
 }
 
 /// The pod-side service of the connect rounds: `name` at `vip`, port 80 →
@@ -258,7 +370,7 @@ fn connects(n: usize, t: &Topo, api: &FakeApiServer, rounds: usize) -> String {
     let mut steady_cost = Vec::new();
     for k in 0..rounds {
         let name = format!("probe{k}");
-        let vip = format!("10.97.{}.{}", k / 250, 1 + k % 250);
+        let vip = nth([10, 250, 0, 0], k);
         let wrote = Instant::now();
         api.create(probed_service(&name, &vip));
         api.create(probed_slice(&name, &a));
@@ -360,10 +472,16 @@ fn main() {
         "| services | initial programming (start → first commit) | peak RSS after it | peak RSS after {changes} changes | RSS then | CPU per change | API write → commit p50 | p90 | max |"
     );
     println!("|---|---|---|---|---|---|---|---|---|");
-    let connected: Vec<String> = scales
-        .iter()
-        .filter_map(|n| run(*n, changes, rounds))
-        .collect();
+    let (cold_starts, connected): (Vec<String>, Vec<Option<String>>) =
+        scales.iter().map(|n| run(*n, changes, rounds)).unzip();
+    println!(
+        "\n| services | start → initial state in (lists streamed into the model) | first sync: model | render | commit (diff, encode, kernel) | sync total | other | start → programmed |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    for row in cold_starts {
+        println!("{row}");
+    }
+    let connected: Vec<String> = connected.into_iter().flatten().collect();
     if !connected.is_empty() {
         println!(
             "\n| services | Service + slice added → connection p50 | p90 | → first commit p50 | commits | attempts | first attempt got | endpoint moved → connection p50 | p90 | → first commit p50 | commits | attempts | first attempt got | one answered connection p50 |"
