@@ -6,6 +6,7 @@
 pub mod config;
 pub mod daemon;
 pub mod driver;
+pub mod fuzzing;
 pub mod logging;
 pub mod mode;
 pub mod model;

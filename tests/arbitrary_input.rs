@@ -9,17 +9,11 @@
 
 use std::path::PathBuf;
 
-use std::io::BufRead;
-use std::net::IpAddr;
-
 use kube_nlproxy::config::{Config, file::apply};
-use kube_nlproxy::model::{BuildOptions, build};
-use kube_nlproxy::source::Objects;
+use kube_nlproxy::fuzzing::{ip_vs_conn_holds, model_build_holds};
 use kube_nlproxy::source::file::parse_manifests;
-use kube_nlproxy::sync::ipvs::templates::{parse_template, templates_of};
 use kube_nlproxy_netlink::fuzzing::{self, Mutation};
 use proptest::prelude::*;
-use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 fn seeds(target: &str) -> Vec<Vec<u8>> {
@@ -58,59 +52,6 @@ fn every_seed_parses_and_the_good_ones_load() {
     assert!(apply(&full, Config::default()).is_ok());
 }
 
-/// `/proc/net/ip_vs_conn` text as `read_templates_of` reads it: every template
-/// found has a known protocol, and `templates_of` finds for a client exactly what
-/// `parse_template` finds line by line. Returns the templates of that client.
-fn check_ip_vs_conn(data: &[u8]) -> usize {
-    let mut by_line = Vec::new();
-    for line in data.lines().map_while(Result::ok) {
-        if let Some(t) = parse_template(&line) {
-            assert!(matches!(t.proto, 6 | 17 | 132), "{line:?} → {t:?}");
-            by_line.push(t);
-        }
-    }
-    let client: IpAddr = by_line
-        .first()
-        .map_or_else(|| "192.0.2.1".parse().unwrap(), |t| t.client);
-    let found = templates_of(client, data);
-    let expected: Vec<_> = by_line.into_iter().filter(|t| t.client == client).collect();
-    assert_eq!(found, expected);
-    found.len()
-}
-
-/// The elements of `doc[key]` that decode as `K` (the rest dropped, as the
-/// lenient decoders do).
-fn decoded<K: DeserializeOwned>(doc: &Value, key: &str) -> Vec<K> {
-    doc.get(key)
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(|v| serde_json::from_value(v.clone()).ok())
-        .collect()
-}
-
-/// The model build from `doc`: no panic, every warning names its object and
-/// field, the build is deterministic. Returns the services built and the warnings.
-fn check_model_build(doc: &Value) -> (usize, usize) {
-    let objects = Objects {
-        services: decoded(doc, "services"),
-        endpoint_slices: decoded(doc, "endpointSlices"),
-        nodes: decoded(doc, "nodes"),
-        service_cidrs: decoded(doc, "serviceCIDRs"),
-    };
-    let opts = BuildOptions {
-        node_name: "node-a".into(),
-        ..Default::default()
-    };
-    let (state, warnings) = build(&objects, &opts);
-    for w in &warnings {
-        assert!(!w.object.is_empty() && !w.field.is_empty(), "{w:?}");
-    }
-    let (again, _) = build(&objects, &opts);
-    assert_eq!(state, again, "the build is deterministic");
-    (state.services.len(), warnings.len())
-}
-
 fn json_seeds() -> Vec<Value> {
     seeds("model_build")
         .iter()
@@ -122,12 +63,12 @@ fn json_seeds() -> Vec<Value> {
 fn ip_vs_conn_and_model_build_seeds_hold() {
     let templates: usize = seeds("ip_vs_conn")
         .iter()
-        .map(|s| check_ip_vs_conn(s))
+        .map(|s| ip_vs_conn_holds(s))
         .sum();
     assert!(templates > 0, "the ip_vs_conn corpus holds templates");
     let good = json_seeds();
     assert!(!good.is_empty());
-    let built: Vec<(usize, usize)> = good.iter().map(check_model_build).collect();
+    let built: Vec<(usize, usize)> = good.iter().map(model_build_holds).collect();
     assert!(
         built
             .iter()
@@ -244,7 +185,7 @@ proptest! {
         mutations in proptest::collection::vec(mutation(), 1..6),
     ) {
         let seeds = seeds("ip_vs_conn");
-        check_ip_vs_conn(&fuzzing::mutate(&seeds[seed % seeds.len()], &seeds, &mutations));
+        ip_vs_conn_holds(&fuzzing::mutate(&seeds[seed % seeds.len()], &seeds, &mutations));
     }
 
     #[test]
@@ -257,6 +198,6 @@ proptest! {
         for (at, with) in edits {
             replace_nth(&mut doc, at, with);
         }
-        check_model_build(&doc);
+        model_build_holds(&doc);
     }
 }

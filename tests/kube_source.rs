@@ -784,6 +784,19 @@ fn fake_server_paged_lists() {
     );
 }
 
+/// A server holding our Node and `count` Services, each with one EndpointSlice.
+fn server_with_services(count: usize) -> FakeApiServer {
+    let server = FakeApiServer::start();
+    server.create(node(NODE, "10.77.0.1"));
+    for i in 0..count {
+        let name = format!("svc-{i:04}");
+        let ip = format!("10.96.{}.{}", i / 250, i % 250 + 1);
+        server.create(service(&name, &ip));
+        server.create(slice(&format!("{name}-1"), &name, "10.244.1.5"));
+    }
+    server
+}
+
 /// The rate limit counts a paged list once: with 5 tokens and one more every
 /// 100 s, the discovery request and the four first pages take the five, and the
 /// four later pages of the Service and EndpointSlice lists (1200 objects, pages
@@ -792,14 +805,7 @@ fn fake_server_paged_lists() {
 #[tokio::test]
 async fn a_paged_list_takes_one_token_of_the_rate_limit() {
     const COUNT: usize = 1200;
-    let server = FakeApiServer::start();
-    server.create(node(NODE, "10.77.0.1"));
-    for i in 0..COUNT {
-        let name = format!("svc-{i:04}");
-        let ip = format!("10.96.{}.{}", i / 250, i % 250 + 1);
-        server.create(service(&name, &ip));
-        server.create(slice(&format!("{name}-1"), &name, "10.244.1.5"));
-    }
+    let server = server_with_services(COUNT);
     let path = kubeconfig_path(&server, "rate-pages");
     let cfg = KubeSourceConfig {
         kubeconfig: Some(path.clone()),
@@ -812,7 +818,12 @@ async fn a_paged_list_takes_one_token_of_the_rate_limit() {
     let _ = std::fs::remove_file(path);
     let source = KubeSource::start(client, NODE).await.expect("start");
     let mut rx = source.subscribe();
-    wait_generation(&mut rx, "the initial lists, paged, under the rate limit", |g| g > 0).await;
+    wait_generation(
+        &mut rx,
+        "the initial lists, paged, under the rate limit",
+        |g| g > 0,
+    )
+    .await;
     let snap = source.snapshot();
     assert_eq!(snap.services.len(), COUNT);
     assert_eq!(snap.endpoint_slices.len(), COUNT);
@@ -832,14 +843,7 @@ async fn a_paged_list_takes_one_token_of_the_rate_limit() {
 #[tokio::test]
 async fn paged_initial_lists_deliver_every_object() {
     const COUNT: usize = 1200;
-    let server = FakeApiServer::start();
-    server.create(node(NODE, "10.77.0.1"));
-    for i in 0..COUNT {
-        let name = format!("svc-{i:04}");
-        let ip = format!("10.96.{}.{}", i / 250, i % 250 + 1);
-        server.create(service(&name, &ip));
-        server.create(slice(&format!("{name}-1"), &name, "10.244.1.5"));
-    }
+    let server = server_with_services(COUNT);
     let (source, mut rx) = synced(&server, "paged").await;
     let snap = source.snapshot();
     assert_eq!(snap.services.len(), COUNT);

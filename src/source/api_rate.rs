@@ -136,8 +136,10 @@ impl<S: std::fmt::Debug> std::fmt::Debug for RateLimited<S> {
 /// Whether `uri` asks for a later page of a paged list (a non-empty `continue`).
 pub fn continues_a_list(uri: &http::Uri) -> bool {
     uri.query().is_some_and(|q| {
-        q.split('&')
-            .any(|pair| pair.strip_prefix("continue=").is_some_and(|t| !t.is_empty()))
+        q.split('&').any(|pair| {
+            pair.strip_prefix("continue=")
+                .is_some_and(|t| !t.is_empty())
+        })
     })
 }
 
