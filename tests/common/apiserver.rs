@@ -1202,20 +1202,27 @@ fn list_page(
         .by_ref()
         .take(limit.unwrap_or(usize::MAX))
         .collect();
-    let remaining = matching.count();
+    // The real server counts what is left only when no selector filters it; a
+    // filtered list only needs to know whether anything is left (counting it
+    // would make each page cost the rest of the list).
+    let unfiltered = [&selection.labels, &selection.fields]
+        .iter()
+        .all(|s| s.as_deref().is_none_or(|s| s.trim().is_empty()));
+    let (remaining, more) = if unfiltered {
+        let n = matching.count();
+        (Some(n), n > 0)
+    } else {
+        (None, matching.next().is_some())
+    };
     let mut metadata = json!({"resourceVersion": list_rv.to_string()});
-    if let (Some(((_, namespace, name), _)), true) = (page.last(), remaining > 0) {
+    if let (Some(((_, namespace, name), _)), true) = (page.last(), more) {
         let token = ContinueToken {
             rv: list_rv,
             namespace: namespace.clone(),
             name: name.clone(),
         };
         metadata["continue"] = json!(token.encode());
-        // The real server counts what is left only when no selector filters it.
-        let unfiltered = [&selection.labels, &selection.fields]
-            .iter()
-            .all(|s| s.as_deref().is_none_or(|s| s.trim().is_empty()));
-        if unfiltered {
+        if let Some(remaining) = remaining {
             metadata["remainingItemCount"] = json!(remaining);
         }
     }
