@@ -42,6 +42,34 @@ fn dummy_available() -> bool {
             .is_ok_and(|s| s.success())
 }
 
+/// `set_up` brings a link up as `ip link set NAME up` does (ip reads it back),
+/// says so for a link that is not there, and leaves an up link up.
+#[test]
+fn kernel_set_up() {
+    in_netns(|| {
+        ip_cli(&[
+            "link", "add", "kn-u", "type", "veth", "peer", "name", "kn-v",
+        ]);
+        let h = LinkHandle::new().unwrap();
+        for name in ["lo", "kn-u"] {
+            assert_eq!(h.is_up(name).unwrap(), Some(false), "{name} starts down");
+            assert!(h.set_up(name).unwrap(), "{name} exists");
+            assert_eq!(h.is_up(name).unwrap(), Some(true));
+            let shown = ip_cli(&["-o", "link", "show", name]);
+            let flags = shown.split(['<', '>']).nth(1).unwrap_or_default();
+            assert!(flags.split(',').any(|f| f == "UP"), "{shown}");
+            assert!(h.set_up(name).unwrap(), "twice is fine");
+        }
+        let peer = ip_cli(&["-o", "link", "show", "kn-v"]);
+        assert!(
+            peer.contains("<BROADCAST,MULTICAST>"),
+            "the peer stays down: {peer}"
+        );
+        assert!(!h.set_up("nope").unwrap());
+        assert_eq!(h.is_up("nope").unwrap(), None);
+    });
+}
+
 #[test]
 fn kernel_addresses_on_veth() {
     in_netns(|| {

@@ -13,7 +13,7 @@ use netlink_sys::protocols::NETLINK_ROUTE;
 use rtnetlink::packet_route::{
     AddressFamily, RouteNetlinkMessage,
     address::{AddressAttribute, AddressMessage, AddressScope},
-    link::{InfoKind, LinkAttribute, LinkInfo, LinkMessage},
+    link::{InfoKind, LinkAttribute, LinkFlags, LinkInfo, LinkMessage},
 };
 
 use crate::sock::{NlSocket, SockError};
@@ -218,6 +218,30 @@ impl LinkHandle {
                 detail: "link missing right after creation".into(),
             }),
         }
+    }
+
+    /// Bring link `name` up; `false` if there is no such link: `ip link set NAME up`.
+    pub fn set_up(&self, name: &str) -> Result<bool, LinkError> {
+        let what = format!("ip link set {name} up");
+        let Some(index) = self.link_index(name)? else {
+            return Ok(false);
+        };
+        let mut m = LinkMessage::default();
+        m.header.index = index;
+        m.header.flags = LinkFlags::Up;
+        m.header.change_mask = LinkFlags::Up;
+        match self.call(0, RouteNetlinkMessage::SetLink(m)) {
+            Ok(_) => Ok(true),
+            Err(SockError::Kernel { errno, .. }) if errno == libc::ENODEV => Ok(false),
+            Err(e) => Err(sock_err(&what, e)),
+        }
+    }
+
+    /// Whether link `name` is administratively up; `None` if there is no such link.
+    pub fn is_up(&self, name: &str) -> Result<Option<bool>, LinkError> {
+        Ok(self
+            .get_link(name)?
+            .map(|l| l.header.flags.contains(LinkFlags::Up)))
     }
 
     /// Delete link `name`; `false` if it did not exist: `ip link del NAME`.

@@ -248,11 +248,8 @@ fn in_netns<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> R {
         // IPVS refuses (EINVAL) an IPv4 real server whose address type is not
         // unicast or local, and a namespace whose loopback is down has no local
         // routing table to type it with: every address reads as broadcast.
-        let up = std::process::Command::new("ip")
-            .args(["link", "set", "lo", "up"])
-            .status()
-            .expect("run ip");
-        assert!(up.success(), "ip link set lo up: {up}");
+        let lo = kube_nlproxy_netlink::link::LinkHandle::new().expect("rtnetlink socket");
+        assert!(lo.set_up("lo").expect("ip link set lo up"), "lo exists");
         f()
     })
     .join()
