@@ -29,6 +29,11 @@ fn ip_cli(args: &[&str]) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
+/// A veth pair `a`–`b` in the current netns, both down.
+fn add_veth(a: &str, b: &str) {
+    ip_cli(&["link", "add", a, "type", "veth", "peer", "name", b]);
+}
+
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
@@ -47,9 +52,7 @@ fn dummy_available() -> bool {
 #[test]
 fn kernel_set_up() {
     in_netns(|| {
-        ip_cli(&[
-            "link", "add", "kn-u", "type", "veth", "peer", "name", "kn-v",
-        ]);
+        add_veth("kn-u", "kn-v");
         let h = LinkHandle::new().unwrap();
         for name in ["lo", "kn-u"] {
             assert_eq!(h.is_up(name).unwrap(), Some(false), "{name} starts down");
@@ -73,9 +76,7 @@ fn kernel_set_up() {
 #[test]
 fn kernel_addresses_on_veth() {
     in_netns(|| {
-        ip_cli(&[
-            "link", "add", "kn-a", "type", "veth", "peer", "name", "kn-b",
-        ]);
+        add_veth("kn-a", "kn-b");
         let h = LinkHandle::new().unwrap();
         let idx = h.link_index("kn-a").unwrap().expect("kn-a exists");
         assert_eq!(h.link_index("nope").unwrap(), None);

@@ -223,11 +223,8 @@ impl LinkHandle {
     /// Bring link `name` up; `false` if there is no such link: `ip link set NAME up`.
     pub fn set_up(&self, name: &str) -> Result<bool, LinkError> {
         let what = format!("ip link set {name} up");
-        let Some(index) = self.link_index(name)? else {
-            return Ok(false);
-        };
-        let mut m = LinkMessage::default();
-        m.header.index = index;
+        // One request: the kernel finds the link by its name (IFLA_IFNAME).
+        let mut m = link_by_name(name);
         m.header.flags = LinkFlags::Up;
         m.header.change_mask = LinkFlags::Up;
         match self.call(0, RouteNetlinkMessage::SetLink(m)) {

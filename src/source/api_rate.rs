@@ -233,6 +233,21 @@ mod tests {
         }
     }
 
+    impl Counter {
+        fn calls(&self) -> usize {
+            self.0.load(std::sync::atomic::Ordering::SeqCst)
+        }
+    }
+
+    /// Two seconds of (paused, virtual) time have passed since `start`.
+    fn assert_two_seconds(start: Instant, what: &str) {
+        let took = start.elapsed();
+        assert!(
+            took >= Duration::from_secs(2) && took < Duration::from_millis(2050),
+            "{what}: {took:?}"
+        );
+    }
+
     /// Drives `poll_ready` then `call`, as kube's buffer does, then the response.
     async fn request(svc: &mut RateLimited<Counter>, uri: &str) {
         std::future::poll_fn(|cx| svc.poll_ready(cx)).await.unwrap();
@@ -258,12 +273,8 @@ mod tests {
                 request(&mut svc, "/api/v1/services?limit=500").await;
             }
             // 2 at once, then 8 at 4/s: 2 s of (paused, virtual) time.
-            assert_eq!(counter.0.load(std::sync::atomic::Ordering::SeqCst), 10);
-            let took = start.elapsed();
-            assert!(
-                took >= Duration::from_secs(2) && took < Duration::from_millis(2050),
-                "{took:?}"
-            );
+            assert_eq!(counter.calls(), 10);
+            assert_two_seconds(start, "8 requests beyond the burst at 4/s");
         });
     }
 
@@ -286,12 +297,8 @@ mod tests {
             assert_eq!(start.elapsed(), Duration::ZERO, "the pages did not wait");
             request(&mut svc, "/api/v1/services?watch=true&resourceVersion=7").await;
             request(&mut svc, "/api/v1/services?limit=500&continue=").await;
-            assert_eq!(counter.0.load(std::sync::atomic::Ordering::SeqCst), 202);
-            let took = start.elapsed();
-            assert!(
-                took >= Duration::from_secs(2) && took < Duration::from_millis(2050),
-                "the watch and the next list waited a second each: {took:?}"
-            );
+            assert_eq!(counter.calls(), 202);
+            assert_two_seconds(start, "the watch and the next list, a second each");
         });
     }
 
