@@ -732,10 +732,25 @@ enum Lenient<K> {
     },
 }
 
-impl<'de, K: DeserializeOwned> serde::Deserialize<'de> for Lenient<K> {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let node = FileNode::deserialize(d)?;
-        Ok(match file::convert::<K>(&node) {
+/// The name under which serde_json hands a value over as its JSON text (its
+/// `RawValue` token, `raw_value` feature).
+const RAW_JSON_TOKEN: &str = "$serde_json::private::RawValue";
+
+impl<K: DeserializeOwned> Lenient<K> {
+    /// From the object's JSON text: decoded straight into `K` (one pass, as kube
+    /// would); only when that fails is it read as a value tree, for the field that
+    /// failed and the object's name.
+    fn from_json(text: &str) -> Result<Self, serde_json::Error> {
+        match serde_json::from_str::<K>(text) {
+            Ok(k) => Ok(Lenient::Valid(k)),
+            Err(_) => Ok(Lenient::from_node(&serde_json::from_str::<FileNode>(text)?)),
+        }
+    }
+
+    /// From a value tree: `K`, or its metadata and the path of the field that
+    /// does not decode.
+    fn from_node(node: &FileNode) -> Self {
+        match file::convert::<K>(node) {
             Ok(k) => Lenient::Valid(k),
             Err(error) => Lenient::Invalid {
                 metadata: Box::new(
@@ -745,7 +760,59 @@ impl<'de, K: DeserializeOwned> serde::Deserialize<'de> for Lenient<K> {
                 ),
                 error,
             },
-        })
+        }
+    }
+}
+
+impl<'de, K: DeserializeOwned> serde::Deserialize<'de> for Lenient<K> {
+    /// serde_json (a list's items, a watch event whose `type` comes before its
+    /// `object`) hands over the object's JSON text, which decodes in one pass.
+    /// A deserializer that does not (serde's buffer for a watch event whose
+    /// `object` comes first) goes through the value tree.
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_newtype_struct(RAW_JSON_TOKEN, LenientVisitor(std::marker::PhantomData))
+    }
+}
+
+struct LenientVisitor<K>(std::marker::PhantomData<K>);
+
+impl<'de, K: DeserializeOwned> serde::de::Visitor<'de> for LenientVisitor<K> {
+    type Value = Lenient<K>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a Kubernetes object")
+    }
+
+    /// serde_json's raw value: a map of one entry, the token and the JSON text.
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        use serde::de::Error;
+        if map.next_key::<serde::de::IgnoredAny>()?.is_none() {
+            return Err(A::Error::custom("expected an object's JSON text"));
+        }
+        map.next_value_seed(self)
+    }
+
+    fn visit_borrowed_str<E: serde::de::Error>(self, text: &'de str) -> Result<Self::Value, E> {
+        Lenient::from_json(text).map_err(E::custom)
+    }
+
+    fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<Self::Value, E> {
+        Lenient::from_json(text).map_err(E::custom)
+    }
+
+    fn visit_newtype_struct<D: serde::Deserializer<'de>>(
+        self,
+        d: D,
+    ) -> Result<Self::Value, D::Error> {
+        Ok(Lenient::from_node(&<FileNode as serde::Deserialize>::deserialize(d)?))
+    }
+}
+
+impl<'de, K: DeserializeOwned> serde::de::DeserializeSeed<'de> for LenientVisitor<K> {
+    type Value = Lenient<K>;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_str(self)
     }
 }
 
@@ -1075,6 +1142,57 @@ mod tests {
             f.of(&svc("a", "1", "10.0.0.1")),
             f.of(&svc("b", "1", "10.0.0.1"))
         );
+    }
+
+    /// An object decodes alike whether serde_json hands it over as text (a list's
+    /// items, a watch event with `type` first) or serde buffers it (a watch event
+    /// with `object` first); a malformed one is `Invalid` with its name and the
+    /// failing field's path in every envelope.
+    #[test]
+    fn lenient_objects_decode_alike_in_every_envelope() {
+        use ::kube::core::{ObjectList, WatchEvent};
+        let good = r#"{"apiVersion":"v1","kind":"Service","metadata":{"name":"good","namespace":"ns","labels":{"a":"b"}},"spec":{"clusterIP":"10.96.0.1","ports":[{"port":80,"targetPort":"http","protocol":"TCP"}]}}"#;
+        let bad = r#"{"apiVersion":"v1","kind":"Service","metadata":{"name":"bad","namespace":"ns"},"spec":{"ports":[{"port":"eighty"}]}}"#;
+        let expected: Service = serde_json::from_str(good).unwrap();
+        let check = |objects: Vec<Lenient<Service>>, envelope: &str| {
+            let [valid, invalid] = <[_; 2]>::try_from(objects).expect("two objects");
+            match valid {
+                Lenient::Valid(s) => assert_eq!(s, expected, "{envelope}"),
+                Lenient::Invalid { error, .. } => panic!("{envelope}: {error}"),
+            }
+            match invalid {
+                Lenient::Invalid { metadata, error } => {
+                    assert_eq!(metadata.name.as_deref(), Some("bad"), "{envelope}");
+                    assert!(error.contains("spec.ports[0].port"), "{envelope}: {error}");
+                }
+                Lenient::Valid(_) => panic!("{envelope}: a port of \"eighty\" decoded"),
+            }
+        };
+        let list = format!(
+            r#"{{"apiVersion":"v1","kind":"ServiceList","metadata":{{"resourceVersion":"5"}},"items":[{good},{bad}]}}"#
+        );
+        let list: ObjectList<Lenient<Service>> = serde_json::from_str(&list).unwrap();
+        check(list.items, "list");
+        let event = |text: &str| -> Lenient<Service> {
+            match serde_json::from_str::<WatchEvent<Lenient<Service>>>(text).unwrap() {
+                WatchEvent::Added(o) => o,
+                _ => panic!("not ADDED: {text}"),
+            }
+        };
+        let type_first = |o: &str| format!(r#"{{"type":"ADDED","object":{o}}}"#);
+        let object_first = |o: &str| format!(r#"{{"object":{o},"type":"ADDED"}}"#);
+        check(
+            vec![event(&type_first(good)), event(&type_first(bad))],
+            "watch event, type first",
+        );
+        check(
+            vec![event(&object_first(good)), event(&object_first(bad))],
+            "watch event, object first",
+        );
+        // From a reader, the text is handed over owned.
+        let owned: Vec<Lenient<Service>> =
+            serde_json::from_reader(format!("[{good},{bad}]").as_bytes()).unwrap();
+        check(owned, "reader");
     }
 
     #[test]
