@@ -16,7 +16,11 @@
 //! a 20 ms connect timeout), so the figure is the proxy's, not a retry
 //! interval's; the nf_tables commits in between are counted.
 //!
-//!   cargo bench --bench kube_run -- [N]... [--changes K] [--connects C]
+//!   cargo bench --bench kube_run -- [N]... [--changes K] [--connects C] [--watch-list]
+//!
+//! `--watch-list`: the test API server streams lists (`sendInitialEvents`), so
+//! the daemon takes its initial state from watches; without it the server
+//! refuses them (422, a WatchList feature gate off) and the daemon lists.
 //!
 //! `KNP_BENCH_PROXY_ARGS="--kube-api-qps 50"` adds flags to the daemon's command
 //! line. `KUBE_NLPROXY_BIN=PATH` runs that binary instead of cargo's, e.g. the shipped
@@ -29,7 +33,7 @@ mod common;
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::apiserver::FakeApiServer;
+use common::apiserver::{FakeApiServer, Options};
 use common::{Proxy, Topo, Where, status_kb, unique};
 use serde_json::{Value, json};
 
@@ -85,12 +89,18 @@ fn ms(d: Duration) -> String {
 
 /// One scale: prints the row of the main table; returns the cold start's row
 /// and the connect rounds' row.
-fn run(n: usize, changes: usize, rounds: usize) -> (String, Option<String>) {
+fn run(n: usize, changes: usize, rounds: usize, watch_list: bool) -> (String, Option<String>) {
     let mut t = Topo::new();
     t.add_pod("client", Where::Local);
     t.add_pod("a", Where::Local);
     t.add_pod("b", Where::Local);
-    let api = FakeApiServer::start_in_netns(&t.node);
+    let api = FakeApiServer::start_in_netns_with(
+        &t.node,
+        Options {
+            watch_list,
+            ..Options::default()
+        },
+    );
     for i in 0..n {
         api.create(service(i));
         api.create(slice(i, &nth([10, 160, 0, 0], i)));
@@ -446,10 +456,12 @@ fn main() {
     let mut scales = Vec::new();
     let mut changes = 50;
     let mut rounds = 20;
+    let mut watch_list = false;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--bench" => {}
+            "--watch-list" => watch_list = true,
             "--changes" => {
                 changes = args
                     .next()
@@ -473,7 +485,10 @@ fn main() {
     );
     println!("|---|---|---|---|---|---|---|---|---|");
     let (cold_starts, connected): (Vec<String>, Vec<Option<String>>) =
-        scales.iter().map(|n| run(*n, changes, rounds)).unzip();
+        scales
+            .iter()
+            .map(|n| run(*n, changes, rounds, watch_list))
+            .unzip();
     println!(
         "\n| services | start → initial state in (lists streamed into the model) | first sync: model | render | commit (diff, encode, kernel) | sync total | other | start → programmed |"
     );

@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 use common::apiserver::{FakeApiServer, Options, Resource};
 use kube::ResourceExt;
 use kube_nlproxy::source::kube::{
-    KubeSource, KubeSourceConfig, KubeSourceError, PROXY_LABEL_SELECTOR, client,
-    post_starting_event,
+    KubeSource, KubeSourceConfig, KubeSourceError, ListStrategy, PROXY_LABEL_SELECTOR,
+    STREAMING_LIST_PROBE_SELECTOR, client, post_starting_event,
 };
 use serde_json::{Value, json};
 use tokio::sync::watch::Receiver;
@@ -208,8 +208,22 @@ async fn selectors_and_initial_snapshot() {
     // Stored objects carry no resourceVersion.
     assert!(snap.services[0].metadata.resource_version.is_none());
 
-    // What the watchers asked for.
+    // What the watchers asked for: first whether the server streams lists (it
+    // does not by default: 422), then lists and watches with kube-proxy's selector.
+    assert_eq!(source.list_strategy(), ListStrategy::List);
     let requests = server.requests();
+    let (probes, requests): (Vec<_>, Vec<_>) = requests
+        .into_iter()
+        .partition(|r| r.param("labelSelector") == Some(STREAMING_LIST_PROBE_SELECTOR));
+    assert_eq!(probes.len(), 1, "{probes:?}");
+    assert_eq!(probes[0].resource(), Some(Resource::Services));
+    assert_eq!(probes[0].param("sendInitialEvents"), Some("true"));
+    assert!(
+        requests
+            .iter()
+            .all(|r| r.param("sendInitialEvents").is_none()),
+        "{requests:?}"
+    );
     for r in requests.iter().filter(|r| {
         matches!(
             r.resource(),
@@ -580,7 +594,10 @@ async fn fake_server_protocol() {
     use kube::runtime::watcher;
     use std::io::{Read, Write};
 
-    let server = FakeApiServer::start();
+    let server = FakeApiServer::start_with(Options {
+        watch_list: true,
+        ..Options::default()
+    });
     server.create(service_labelled("x", "10.96.0.1", json!({"tier": "web"})));
     server.create(service_labelled("y", "10.96.0.2", json!({"tier": "db"})));
     server.create(service("z", "10.96.0.3"));
@@ -657,6 +674,23 @@ async fn fake_server_protocol() {
         .into_iter()
         .any(|r| r.param("sendInitialEvents") == Some("true"));
     assert!(streaming);
+
+    // Without the WatchList feature, a watch asking for initial events is refused
+    // before it starts, as by a real API server with the gate off.
+    let gated = FakeApiServer::start();
+    let api: Api<Service> = Api::all(kube_client(&gated, "protocol-gated").await);
+    let refused = api
+        .watch(&kube::api::WatchParams::streaming_lists(), "0")
+        .await
+        .map(|_| ())
+        .expect_err("a gated server streamed a list");
+    match refused {
+        kube::Error::Api(status) => {
+            assert_eq!(status.code, 422, "{status:?}");
+            assert_eq!(status.reason, "Invalid", "{status:?}");
+        }
+        e => panic!("not a 422 Status: {e}"),
+    }
 }
 
 /// `GET path_and_query` over a fresh connection: the status code and the JSON body.
@@ -797,8 +831,9 @@ fn server_with_services(count: usize) -> FakeApiServer {
     server
 }
 
-/// The rate limit counts a paged list once: with 5 tokens and one more every
-/// 100 s, the discovery request and the four first pages take the five, and the
+/// The rate limit counts a paged list once: with 6 tokens and one more every
+/// 100 s, the discovery request, the streaming-list probe and the four first
+/// pages take the six, and the
 /// four later pages of the Service and EndpointSlice lists (1200 objects, pages
 /// of 500) go at once. Were every page a request, the first sync would wait for
 /// four more tokens, 400 s.
@@ -812,7 +847,7 @@ async fn a_paged_list_takes_one_token_of_the_rate_limit() {
         master: None,
         node_name: NODE.into(),
         qps: 0.01,
-        burst: 5,
+        burst: 6,
     };
     let client = client(&cfg).await.expect("client");
     let _ = std::fs::remove_file(path);
@@ -836,6 +871,89 @@ async fn a_paged_list_takes_one_token_of_the_rate_limit() {
     };
     assert_eq!(continued(Resource::Services), 2, "1200 in pages of 500");
     assert_eq!(continued(Resource::EndpointSlices), 2);
+}
+
+/// Where the server streams lists (`sendInitialEvents`, the WatchList feature),
+/// the source takes its initial state from watches, lists nothing, and a relist
+/// after 410 Gone is streamed too: what changed meanwhile arrives, deletions
+/// included, and the generation counts it once per change.
+#[tokio::test]
+async fn initial_state_is_streamed_where_the_server_serves_streaming_lists() {
+    let server = FakeApiServer::start_with(Options {
+        watch_list: true,
+        ..Options::default()
+    });
+    base_objects(&server);
+    server.create(service("b", "10.96.0.30"));
+    server.create(slice("b-1", "b", "10.244.1.6"));
+    server.create(service_cidr("kubernetes", "10.96.0.0/16"));
+    let (source, mut rx) = synced(&server, "streamed").await;
+    assert_eq!(source.list_strategy(), ListStrategy::Stream);
+    let snap = source.snapshot();
+    assert_eq!(names(&snap.services), ["a", "b"]);
+    assert_eq!(names(&snap.endpoint_slices), ["a-1", "b-1"]);
+    assert_eq!(names(&snap.nodes), [NODE]);
+    assert_eq!(names(&snap.service_cidrs), ["kubernetes"]);
+    let kinds = [
+        Resource::Services,
+        Resource::EndpointSlices,
+        Resource::Nodes,
+        Resource::ServiceCidrs,
+    ];
+    let initial = |r: Resource| {
+        server
+            .requests()
+            .iter()
+            .filter(|q| {
+                q.resource() == Some(r)
+                    && q.is_watch()
+                    && q.param("sendInitialEvents") == Some("true")
+                    && q.param("labelSelector") != Some(STREAMING_LIST_PROBE_SELECTOR)
+            })
+            .count()
+    };
+    for r in kinds {
+        assert_eq!(server.list_count(r), 0, "{r:?} listed");
+        assert_eq!(initial(r), 1, "{r:?}: one streamed initial watch");
+    }
+    // The Services and EndpointSlices watches carry kube-proxy's selector.
+    for r in server.requests().iter().filter(|q| {
+        matches!(
+            q.resource(),
+            Some(Resource::Services | Resource::EndpointSlices)
+        ) && q.param("labelSelector") != Some(STREAMING_LIST_PROBE_SELECTOR)
+    }) {
+        assert_eq!(r.param("labelSelector"), Some(PROXY_LABEL_SELECTOR), "{r:?}");
+    }
+
+    // Watch events after the initial ones.
+    server.create(service("c", "10.96.0.31"));
+    let g = wait_generation(&mut rx, "a change after the streamed list", |g| g > 1).await;
+    assert_eq!(g, 2);
+
+    // 410 Gone: the relist is streamed as well, and sees what changed while the
+    // watches were down.
+    let streams = kinds.map(initial);
+    server.drop_watches();
+    server.delete(&service("b", ""));
+    server.update(slice("a-1", "a", "10.244.1.9"));
+    server.expire_history();
+    eventually("every kind re-streamed", || {
+        kinds.iter().zip(streams).all(|(r, n)| initial(*r) > n) && server.open_watches() >= 4
+    })
+    .await;
+    wait_generation(&mut rx, "the relist's changes", |g| g >= 4).await;
+    let snap = source.snapshot();
+    assert_eq!(names(&snap.services), ["a", "c"]);
+    assert_eq!(
+        snap.endpoint_slices[0].endpoints[0].addresses,
+        ["10.244.1.9"]
+    );
+    for r in kinds {
+        assert_eq!(server.list_count(r), 0, "{r:?} listed on the relist");
+    }
+    tokio::time::sleep(QUIET).await;
+    assert_eq!(*rx.borrow(), 4, "two changes, one generation each");
 }
 
 /// More objects than the watcher's page (500): the initial lists are paged, and the

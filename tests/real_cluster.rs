@@ -229,6 +229,14 @@ fn services_and_endpoints_from_the_real_control_plane() {
         "the Service was never programmed; {}",
         e.log()
     );
+    // v1.37.2 streams lists (WatchList): the initial state came from watches.
+    assert!(
+        e.proxy
+            .log()
+            .contains("initial lists: streamed from the API server's watch cache"),
+        "the initial state was not streamed; {}",
+        e.log()
+    );
     let ok = eventually(WAIT, || tcp(&client, http4, SHORT) == Err(ConnErr::Refused));
     assert!(
         ok,

@@ -10,6 +10,12 @@
 //! `metadata.resourceVersion` and `metadata.managedFields`, so an update or a relist
 //! that only moves those is a no-op and does not wake the sync loop.
 //!
+//! The initial state comes from a streaming list where the API server serves
+//! one ([`ListStrategy::choose`] asks once, at start): each watcher's first watch
+//! asks for initial events, which the server sends from its watch cache, so no
+//! list is encoded, paged or read from etcd. Elsewhere it is a paged consistent
+//! list, then a watch. A relist after 410 Gone takes the same way.
+//!
 //! The generation counter ([`KubeSource::subscribe`]) stays 0 until every watched kind
 //! has completed its first list; it then becomes 1 and is bumped once per event that
 //! changed the stored objects.
@@ -42,6 +48,21 @@ pub use super::{ObjectChanges, Objects};
 /// objects handled by another proxy, and headless ones, are never even listed.
 pub const PROXY_LABEL_SELECTOR: &str =
     "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless";
+
+/// Label selector of the watch that asks whether the API server streams lists
+/// (`sendInitialEvents`): it matches no object, so a server that streams answers
+/// with the initial-events-end bookmark alone.
+pub const STREAMING_LIST_PROBE_SELECTOR: &str = "kube-nlproxy.io/streaming-list-probe=never";
+
+/// How long the streaming-list probe waits for its bookmark.
+const STREAMING_LIST_PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// client-go's feature-gate variable for streaming lists; `false` makes the
+/// watchers list, as it makes client-go's informers (kube-proxy's) list.
+pub const WATCH_LIST_CLIENT_ENV: &str = "KUBE_FEATURE_WatchListClient";
+
+/// The annotation of the bookmark that ends a watch's initial events.
+const INITIAL_EVENTS_END: &str = "k8s.io/initial-events-end";
 
 /// The API group version that serves ServiceCIDRs, when the cluster has them.
 const SERVICE_CIDR_GROUP_VERSION: &str = "networking.k8s.io/v1";
@@ -537,6 +558,90 @@ impl Shared {
     }
 }
 
+/// How the watchers get the objects at start and after a relist.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ListStrategy {
+    /// A consistent list in pages of 500 (kube's watcher's default), then a watch
+    /// from the list's resourceVersion. Every API server serves it; each list is
+    /// read from etcd or, with `ConsistentListFromCache`, copied out of the watch
+    /// cache and encoded as one response per page.
+    List,
+    /// A watch with `sendInitialEvents=true` (`resourceVersionMatch=NotOlderThan`
+    /// at `0`): the API server streams the current objects from its watch cache as
+    /// ADDED events, then the initial-events-end bookmark, then goes on watching
+    /// (KEP-3157, "streaming lists"; beta and served by default since v1.32).
+    Stream,
+}
+
+impl ListStrategy {
+    /// What the API server serves: [`Stream`](Self::Stream) when a watch of
+    /// Services asking for initial events, with [`STREAMING_LIST_PROBE_SELECTOR`],
+    /// ends its (empty) initial events with the bookmark within 5 s; else
+    /// [`List`](Self::List) (a server without the feature answers 422, or ignores
+    /// `sendInitialEvents` and never sends the bookmark). `KUBE_FEATURE_WatchListClient=false`
+    /// in the environment chooses `List` without asking. Costs one request.
+    pub async fn choose(client: &::kube::Client) -> ListStrategy {
+        if std::env::var(WATCH_LIST_CLIENT_ENV).is_ok_and(|v| v.eq_ignore_ascii_case("false")) {
+            tracing::info!("initial lists: listed ({WATCH_LIST_CLIENT_ENV}=false)");
+            return ListStrategy::List;
+        }
+        match tokio::time::timeout(STREAMING_LIST_PROBE_TIMEOUT, Self::probe(client)).await {
+            Ok(Ok(())) => {
+                tracing::info!(
+                    "initial lists: streamed from the API server's watch cache (sendInitialEvents)"
+                );
+                ListStrategy::Stream
+            }
+            Ok(Err(why)) => {
+                tracing::info!("initial lists: listed (the API server streams none: {why})");
+                ListStrategy::List
+            }
+            Err(_) => {
+                tracing::info!(
+                    "initial lists: listed (no initial-events-end bookmark within {:?})",
+                    STREAMING_LIST_PROBE_TIMEOUT
+                );
+                ListStrategy::List
+            }
+        }
+    }
+
+    /// The probe watch: `Ok` once its initial-events-end bookmark arrives, else
+    /// why not.
+    async fn probe(client: &::kube::Client) -> Result<(), String> {
+        let params = ::kube::api::WatchParams::streaming_lists()
+            .labels(STREAMING_LIST_PROBE_SELECTOR)
+            .timeout(STREAMING_LIST_PROBE_TIMEOUT.as_secs() as u32);
+        let api = Api::<::kube::core::PartialObjectMeta<Service>>::all(client.clone());
+        let stream = api
+            .watch_metadata(&params, "0")
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut stream = std::pin::pin!(stream);
+        while let Some(event) = stream.next().await {
+            match event.map_err(|e| e.to_string())? {
+                ::kube::api::WatchEvent::Bookmark(b)
+                    if b.metadata.annotations.get(INITIAL_EVENTS_END).map(String::as_str)
+                        == Some("true") =>
+                {
+                    return Ok(());
+                }
+                ::kube::api::WatchEvent::Error(e) => return Err(e.to_string()),
+                _ => {}
+            }
+        }
+        Err("the watch ended before the initial-events-end bookmark".into())
+    }
+
+    /// `config` with this strategy.
+    fn apply(self, config: watcher::Config) -> watcher::Config {
+        match self {
+            ListStrategy::List => config,
+            ListStrategy::Stream => config.streaming_lists(),
+        }
+    }
+}
+
 /// Watches the API and keeps the objects the proxy needs. Dropping it stops the
 /// watchers.
 #[derive(Debug)]
@@ -544,6 +649,7 @@ pub struct KubeSource {
     shared: Arc<Shared>,
     tasks: Vec<JoinHandle<()>>,
     service_cidrs: bool,
+    list_strategy: ListStrategy,
 }
 
 impl KubeSource {
@@ -572,6 +678,7 @@ impl KubeSource {
                 "the API does not serve {SERVICE_CIDR_GROUP_VERSION} ServiceCIDRs; not watching them"
             );
         }
+        let list_strategy = ListStrategy::choose(&client).await;
         let (generation, _) = watch::channel(0);
         let shared = Arc::new(Shared {
             stores: Mutex::new(Stores {
@@ -582,7 +689,8 @@ impl KubeSource {
             }),
             generation,
         });
-        let proxied = watcher::Config::default().labels(PROXY_LABEL_SELECTOR);
+        let config = || list_strategy.apply(watcher::Config::default());
+        let proxied = config().labels(PROXY_LABEL_SELECTOR);
         let mut tasks = vec![
             spawn_watcher::<Service>(client.clone(), proxied.clone(), shared.clone(), |s| {
                 &mut s.services
@@ -592,7 +700,7 @@ impl KubeSource {
             }),
             spawn_watcher::<Node>(
                 client.clone(),
-                watcher::Config::default().fields(&format!("metadata.name={node_name}")),
+                config().fields(&format!("metadata.name={node_name}")),
                 shared.clone(),
                 |s| &mut s.nodes,
             ),
@@ -600,7 +708,7 @@ impl KubeSource {
         if service_cidrs {
             tasks.push(spawn_watcher::<ServiceCIDR>(
                 client,
-                watcher::Config::default(),
+                config(),
                 shared.clone(),
                 |s| &mut s.service_cidrs,
             ));
@@ -609,6 +717,7 @@ impl KubeSource {
             shared,
             tasks,
             service_cidrs,
+            list_strategy,
         })
     }
 
@@ -658,6 +767,11 @@ impl KubeSource {
     /// Whether every watcher has completed its first list.
     pub fn ready(&self) -> bool {
         self.shared.lock().ready()
+    }
+
+    /// How the watchers get their initial state ([`ListStrategy::choose`] at start).
+    pub fn list_strategy(&self) -> ListStrategy {
+        self.list_strategy
     }
 
     /// Whether ServiceCIDRs are watched (the API served them at start).

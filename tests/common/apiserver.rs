@@ -32,7 +32,8 @@
 //!   `allowWatchBookmarks=true`; a resourceVersion older than the history gets an
 //!   `ERROR` event (Status 410, reason Expired) inside a 200 stream; no or a `0`
 //!   resourceVersion starts with synthetic ADDED events for the current objects (and,
-//!   with `sendInitialEvents=true`, the `k8s.io/initial-events-end` bookmark);
+//!   with `sendInitialEvents=true`, the `k8s.io/initial-events-end` bookmark; that
+//!   parameter gets 422 Invalid unless [`Options::watch_list`]);
 //!   the stream ends cleanly at `timeoutSeconds`.
 //!
 //! Test controls: [`FakeApiServer::create`]/`update`/`apply`/`delete` (JSON values),
@@ -162,6 +163,10 @@ pub struct Options {
     /// The resourceVersion counter's start (a "restarted" server must start above
     /// the previous one's maximum).
     pub first_resource_version: u64,
+    /// Whether watches may ask for initial events (`sendInitialEvents=true`, the
+    /// WatchList feature); without it such a watch gets 422 Invalid, as from a
+    /// real API server with the feature gate off.
+    pub watch_list: bool,
 }
 
 impl Default for Options {
@@ -170,6 +175,7 @@ impl Default for Options {
             serve_service_cidrs: true,
             history_limit: 1000,
             first_resource_version: 100,
+            watch_list: false,
         }
     }
 }
@@ -251,7 +257,12 @@ impl FakeApiServer {
     /// created by a thread that entered the namespace; the server's own threads
     /// only use sockets, so they can live anywhere.
     pub fn start_in_netns(ns: &str) -> FakeApiServer {
-        super::in_ns(ns, FakeApiServer::start)
+        FakeApiServer::start_in_netns_with(ns, Options::default())
+    }
+
+    /// [`start_in_netns`](Self::start_in_netns) with `options`.
+    pub fn start_in_netns_with(ns: &str, options: Options) -> FakeApiServer {
+        super::in_ns(ns, || FakeApiServer::start_with(options))
     }
 
     /// Starts a server on an ephemeral port of 127.0.0.1, in the network namespace
@@ -1005,6 +1016,21 @@ fn handle(
                 return Ok(true);
             }
             if request.is_watch() {
+                if request.param("sendInitialEvents") == Some("true") && !state.options.watch_list
+                {
+                    drop(state);
+                    write_response(
+                        stream,
+                        422,
+                        &status(
+                            422,
+                            "Invalid",
+                            "sendInitialEvents: Forbidden: sendInitialEvents is forbidden for \
+                             watch unless the WatchList feature gate is enabled",
+                        ),
+                    )?;
+                    return Ok(true);
+                }
                 drop(state);
                 return watch(inner, stream, &request, &selection);
             }
