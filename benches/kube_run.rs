@@ -484,11 +484,10 @@ fn main() {
         "| services | initial programming (start → first commit) | peak RSS after it | peak RSS after {changes} changes | RSS then | CPU per change | API write → commit p50 | p90 | max |"
     );
     println!("|---|---|---|---|---|---|---|---|---|");
-    let (cold_starts, connected): (Vec<String>, Vec<Option<String>>) =
-        scales
-            .iter()
-            .map(|n| run(*n, changes, rounds, watch_list))
-            .unzip();
+    let (cold_starts, connected): (Vec<String>, Vec<Option<String>>) = scales
+        .iter()
+        .map(|n| run(*n, changes, rounds, watch_list))
+        .unzip();
     println!(
         "\n| services | start → initial state in (lists streamed into the model) | first sync: model | render | commit (diff, encode, kernel) | sync total | other | start → programmed |"
     );

@@ -923,7 +923,11 @@ async fn initial_state_is_streamed_where_the_server_serves_streaming_lists() {
             Some(Resource::Services | Resource::EndpointSlices)
         ) && q.param("labelSelector") != Some(STREAMING_LIST_PROBE_SELECTOR)
     }) {
-        assert_eq!(r.param("labelSelector"), Some(PROXY_LABEL_SELECTOR), "{r:?}");
+        assert_eq!(
+            r.param("labelSelector"),
+            Some(PROXY_LABEL_SELECTOR),
+            "{r:?}"
+        );
     }
 
     // Watch events after the initial ones.

@@ -621,7 +621,10 @@ impl ListStrategy {
         while let Some(event) = stream.next().await {
             match event.map_err(|e| e.to_string())? {
                 ::kube::api::WatchEvent::Bookmark(b)
-                    if b.metadata.annotations.get(INITIAL_EVENTS_END).map(String::as_str)
+                    if b.metadata
+                        .annotations
+                        .get(INITIAL_EVENTS_END)
+                        .map(String::as_str)
                         == Some("true") =>
                 {
                     return Ok(());
@@ -918,7 +921,9 @@ impl<'de, K: DeserializeOwned> serde::de::Visitor<'de> for LenientVisitor<K> {
         self,
         d: D,
     ) -> Result<Self::Value, D::Error> {
-        Ok(Lenient::from_node(&<FileNode as serde::Deserialize>::deserialize(d)?))
+        Ok(Lenient::from_node(
+            &<FileNode as serde::Deserialize>::deserialize(d)?,
+        ))
     }
 }
 

@@ -1016,8 +1016,7 @@ fn handle(
                 return Ok(true);
             }
             if request.is_watch() {
-                if request.param("sendInitialEvents") == Some("true") && !state.options.watch_list
-                {
+                if request.param("sendInitialEvents") == Some("true") && !state.options.watch_list {
                     drop(state);
                     write_response(
                         stream,
