@@ -87,6 +87,20 @@ impl RealCluster {
         assert!(out.status.success(), "scripts/cluster stop {component}");
     }
 
+    /// The pid of a running component (`etcd`, `kube-apiserver`,
+    /// `kube-controller-manager`, `kube-scheduler`) from its pidfile, for
+    /// `/proc/PID` figures (CPU time, `VmHWM`); `None` when it is not running.
+    pub fn pid(&self, component: &str) -> Option<u32> {
+        let pid: u32 = std::fs::read_to_string(self.dir.join(format!("{component}.pid")))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()?;
+        std::path::Path::new(&format!("/proc/{pid}"))
+            .exists()
+            .then_some(pid)
+    }
+
     /// The kubeconfig of the `kube-nlproxy` ServiceAccount (RBAC of `deploy/`).
     pub fn nlproxy_kubeconfig(&self) -> PathBuf {
         self.dir.join("kube-nlproxy.kubeconfig")
@@ -174,6 +188,13 @@ impl RealCluster {
     /// node IP, no conntrack or OOM tuning (a test namespace has none of its own),
     /// no minimum sync period, metrics and healthz on 127.0.0.1 (10249, 10256).
     pub fn kube_proxy_args(&self, mode: &str, cluster_cidr: &str) -> Vec<String> {
+        self.kube_proxy_args_on(mode, cluster_cidr, super::NODE)
+    }
+
+    /// [`kube_proxy_args`](Self::kube_proxy_args) for node `node` (its Node
+    /// object's name, `--hostname-override`): what a fleet of node namespaces
+    /// runs, one kube-proxy each.
+    pub fn kube_proxy_args_on(&self, mode: &str, cluster_cidr: &str, node: &str) -> Vec<String> {
         let kubeconfig = self.dir.join("admin.kubeconfig").display().to_string();
         [
             "--proxy-mode",
@@ -181,7 +202,7 @@ impl RealCluster {
             "--kubeconfig",
             &kubeconfig,
             "--hostname-override",
-            super::NODE,
+            node,
             "--cluster-cidr",
             cluster_cidr,
             "--detect-local-mode",
