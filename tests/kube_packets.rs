@@ -115,37 +115,6 @@ fn endpoint_slice(svc: &str, eps: &[&Pod], trigger: Option<&str>) -> Value {
     s
 }
 
-/// The current time as RFC 3339 with nanoseconds, UTC (Go's `time.RFC3339Nano`
-/// without the trailing-zero trimming), as kube-controller-manager writes
-/// `last-change-trigger-time`.
-fn rfc3339_now() -> String {
-    let d = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
-    let secs = d.as_secs() as i64;
-    let (y, m, day) = civil_from_days(secs.div_euclid(86_400));
-    let sod = secs.rem_euclid(86_400);
-    format!(
-        "{y:04}-{m:02}-{day:02}T{:02}:{:02}:{:02}.{:09}Z",
-        sod / 3600,
-        sod % 3600 / 60,
-        sod % 60,
-        d.subsec_nanos()
-    )
-}
-
-/// Days since 1970-01-01 → (year, month, day) (H. Hinnant's algorithm).
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (y, m as u32, d as u32)
-}
-
 // ---------------------------------------------------------------------------
 // Harness
 // ---------------------------------------------------------------------------
@@ -767,8 +736,11 @@ fn network_programming_latency() {
         let (to, from) = if i % 2 == 0 { (&b, &a) } else { (&a, &b) };
         let (want, unwant) = (to.v4.to_string(), from.v4.to_string());
         let written = Instant::now();
-        c.api
-            .update(endpoint_slice("web", &[to], Some(&rfc3339_now())));
+        c.api.update(endpoint_slice(
+            "web",
+            &[to],
+            Some(&common::rfc3339(SystemTime::now())),
+        ));
         loop {
             if let Some(t) = c.proxy.table()
                 && t != table
@@ -878,10 +850,13 @@ fn network_programming_latency() {
 
 #[test]
 fn rfc3339_formatting() {
-    assert_eq!(civil_from_days(0), (1970, 1, 1));
-    assert_eq!(civil_from_days(11_016), (2000, 2, 29));
-    assert_eq!(civil_from_days(20_454), (2026, 1, 1));
-    let now = rfc3339_now();
-    assert_eq!(now.len(), "2026-01-01T00:00:00.000000000Z".len(), "{now}");
-    assert!(now.ends_with('Z') && now.as_bytes()[10] == b'T', "{now}");
+    let at = |secs: u64, nanos: u32| {
+        common::rfc3339(UNIX_EPOCH + Duration::from_secs(secs) + Duration::from_nanos(nanos.into()))
+    };
+    assert_eq!(at(0, 0), "1970-01-01T00:00:00.000000000Z");
+    assert_eq!(at(951_782_400, 5), "2000-02-29T00:00:00.000000005Z");
+    assert_eq!(
+        at(1_767_225_599, 120_000_000),
+        "2025-12-31T23:59:59.120000000Z"
+    );
 }

@@ -95,6 +95,14 @@ pub const DROP_TIMEOUT: Duration = Duration::from_millis(1200);
 
 static COUNTER: AtomicUsize = AtomicUsize::new(0);
 
+/// `t` as RFC 3339 with nanoseconds, UTC (Go's `time.RFC3339Nano` without the
+/// trailing-zero trimming), as kube-controller-manager writes
+/// `endpoints.kubernetes.io/last-change-trigger-time`.
+pub fn rfc3339(t: std::time::SystemTime) -> String {
+    let t = k8s_openapi::jiff::Timestamp::try_from(t).expect("a time jiff can hold");
+    format!("{t:.9}")
+}
+
 /// A unique name `knp-<pid>-<counter>`.
 pub fn unique(prefix: &str) -> String {
     let n = COUNTER.fetch_add(1, Ordering::SeqCst);
