@@ -452,24 +452,17 @@ fn print_tables(cfg: &Config, creation: Duration, results: &[KindResult]) {
             .filter(|c| c.npl_count > 0.0)
             .map(|c| ms(c.npl_sum / c.npl_count))
     });
-    row(
-        "own network-programming latency, p50 (bucket bound)",
-        &|r| {
-            r.churn
-                .as_ref()
-                .and_then(|c| bucket_quantile(&c.npl, 0.5))
-                .map(|v| format!("≤ {}", ms(v)))
-        },
-    );
-    row(
-        "own network-programming latency, p99 (bucket bound)",
-        &|r| {
-            r.churn
-                .as_ref()
-                .and_then(|c| bucket_quantile(&c.npl, 0.99))
-                .map(|v| format!("≤ {}", ms(v)))
-        },
-    );
+    for (name, q) in [("p50", 0.5), ("p99", 0.99)] {
+        row(
+            &format!("own network-programming latency, {name} (bucket bound)"),
+            &|r| {
+                r.churn
+                    .as_ref()
+                    .and_then(|c| bucket_quantile(&c.npl, q))
+                    .map(|v| format!("≤ {}", ms(v)))
+            },
+        );
+    }
     row("API write → in the kernel (probe nodes), p50", &|r| {
         r.churn
             .as_ref()
